@@ -1,0 +1,136 @@
+"""The engine protocol and the registry of engines by name.
+
+An engine is one speculative-decoding method. It sees token ids only, never text,
+and never times, prints or loops over the output: harness/loop.py drives it one
+round at a time and does acceptance there, for every engine the same way.
+
+One round, as the loop runs it:
+
+    draft = engine.draft(history, max_tokens)        # propose up to max_tokens ids
+    logits = engine.verify(history[-1], draft)       # one target forward over
+                                                     #   [pending] + draft.tokens
+    n, bonus = accept(draft, logits, sampler)        # loop-side, shared
+    engine.rollback(n, draft)                        # keep pending + n drafts
+
+`history` is prompt + output so far; its last token ("pending") has been chosen
+but not yet fed to the target. Each method states below what state every call
+leaves behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+import mlx.core as mx
+
+from engines.target import Target
+
+
+class Unsupported(Exception):
+    """This method cannot run on this model/config; the message says why."""
+
+
+@dataclass
+class Draft:
+    """A proposed continuation.
+
+    tokens: [K] ids that would follow the pending token, K >= 0.
+    q: [K, V] drafter probabilities the tokens were sampled from, or None for a
+       deterministic proposal (n-gram, greedy drafters): then acceptance compares
+       each token with the target's own choice at that position.
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    q: mx.array | None = None
+
+
+class NullProfiler:
+    """Phase marks cost nothing unless the harness installs a real profiler."""
+
+    enabled = False
+
+    def mark(self, phase: str, *arrays) -> None:
+        pass
+
+
+class Engine:
+    """Base class: target-only behaviour that most methods share.
+
+    Contract (what each call leaves behind):
+    - prefill(prompt) -> logits [V] at the last prompt position. The target cache
+      (and any drafter state) covers exactly the prompt.
+    - draft(history, max_tokens) -> Draft with at most max_tokens tokens. The
+      target cache is unchanged; drafter state may advance, as long as rollback()
+      can put it back.
+    - verify(pending, draft) -> logits [K+1, V] for [pending] + draft.tokens, fed
+      in one target forward; the target cache now covers them all.
+    - rollback(n_accepted, draft) keeps pending + the first n_accepted drafts in
+      every cache and drops the rest, exactly, or raises RollbackError.
+    - describe() -> dict of facts for the record (e.g. which rollback path ran).
+    """
+
+    name: ClassVar[str] = ""
+    knobs: ClassVar[tuple[str, ...]] = ()  # MethodConfig fields this method reads
+
+    def __init__(self, target: Target, cfg):
+        self.target, self.cfg = target, cfg
+        self.prof = NullProfiler()
+
+    def prefill(self, prompt: list[int]) -> mx.array:
+        return self.target.prefill(prompt)
+
+    def draft(self, history: list[int], max_tokens: int) -> Draft:
+        return Draft()
+
+    def verify(self, pending: int, draft: Draft) -> mx.array:
+        return self.target.verify([pending, *draft.tokens])
+
+    def rollback(self, n_accepted: int, draft: Draft) -> None:
+        self.target.commit(n_accepted + 1)
+
+    def state(self) -> list:
+        """Every array of every cache this engine owns (for mx.eval barriers)."""
+        return [c.state for c in self.target.cache]
+
+    def describe(self) -> dict:
+        return {"rollback": self.target.strategy if self.target.layout.recurrent else "trim",
+                "cache_types": sorted(set(self.target.layout.types))}
+
+
+# ---------------------------------------------------------------- registry
+
+_REGISTRY: dict[str, type[Engine]] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register(name: str, *aliases: str) -> Callable[[type[Engine]], type[Engine]]:
+    def deco(cls: type[Engine]) -> type[Engine]:
+        if name in _REGISTRY:
+            raise ValueError(f"engine {name!r} registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        for a in aliases:
+            _ALIASES[a] = name
+        return cls
+    return deco
+
+
+def available() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def get_engine(name: str) -> type[Engine]:
+    """The engine class registered as `name` (or an alias); lists the others on a miss."""
+    _load_builtin()
+    key = _ALIASES.get(name, name)
+    if key not in _REGISTRY:
+        raise KeyError(f"unknown method {name!r}; available: {', '.join(available())}")
+    return _REGISTRY[key]
+
+
+def _load_builtin() -> None:
+    # Importing the modules runs their @register decorators.
+    import engines.autoregressive  # noqa: F401
+    import engines.ngram  # noqa: F401

@@ -1,0 +1,70 @@
+"""`python -m harness [overrides]`: run one cell, or a sweep with +sweep=<name>.
+
+Overrides are checked against the config groups and the schema before Hydra runs,
+so a typo gets one line naming the problem and the valid choices (exit 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from harness.config import GROUPS, Config, ConfigError, conf_dir, group_options, register_configs
+
+
+def check_overrides(args: list[str]) -> None:
+    """Raise ConfigError for an unknown group option or key among command-line overrides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
+    except Exception:  # noqa: BLE001 -- malformed syntax: Hydra's own message is the useful one
+        return
+    top = {f.name for f in dataclasses.fields(Config)}
+    for o in overrides:
+        key = o.key_or_group
+        if key.startswith("hydra") or o.is_delete():
+            continue
+        if key in GROUPS or key == "sweep":
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+            options = group_options(key)
+            for v in values:
+                if str(v) not in options:
+                    raise ConfigError(f"unknown {key} {v!r}; available: {', '.join(options)} "
+                                      f"(files in {conf_dir() / key})")
+        elif "." in key and key.split(".", 1)[0] in GROUPS:
+            group, field = key.split(".", 1)
+            valid = [f.name for f in dataclasses.fields(GROUPS[group])]
+            if field not in valid:
+                raise ConfigError(f"unknown key {key!r}; {group} has: {', '.join(valid)}")
+        elif key not in top:
+            raise ConfigError(f"unknown key {key!r}; top-level keys: {', '.join(sorted(top))}, "
+                              f"groups: {', '.join(GROUPS)}, sweep")
+
+
+@hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
+def _hydra_main(cfg: DictConfig) -> None:
+    from harness.run import run_cell
+
+    try:
+        run_cell(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main() -> None:
+    try:
+        check_overrides(sys.argv[1:])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    register_configs()
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

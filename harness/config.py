@@ -1,0 +1,127 @@
+"""Config schema (types here, values in conf/*.yaml) and validation of values.
+
+Hydra merges the YAML groups onto these dataclasses, so a key that is not declared
+here is rejected. `validate` then checks values and raises ConfigError with a
+one-line message that names the problem and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+DTYPES = ("float32", "float16", "bfloat16", "native")
+KV_DTYPES = ("native", "float16", "bfloat16", "q8", "q4")
+ROLLBACKS = ("capture", "replay")
+
+
+class ConfigError(ValueError):
+    """Bad user input: the message names the problem and the fix."""
+
+
+@dataclass
+class ArchConfig:
+    name: str = MISSING  # label for records and report tables
+    model: str = MISSING  # "fixture:<name>" or a local checkpoint directory
+    dtype: str = "float32"  # float32 | float16 | bfloat16 | native (as stored)
+
+
+@dataclass
+class MethodConfig:
+    name: str = MISSING  # a registered engine: base, ngram
+    block_size: Optional[int] = None  # tokens verified per round = K drafts + 1; base ignores it
+    min_ngram: int = 1  # ngram: shortest suffix n-gram to match
+    max_ngram: int = 3  # ngram: longest suffix n-gram to match (tried first)
+
+
+@dataclass
+class BenchConfig:
+    suite: str = "builtin"  # "builtin" or a local .jsonl ({"turns": [...]} or Spec-Bench question.jsonl)
+    categories: List[str] = field(default_factory=list)  # keep only these categories; empty = all
+    max_prompts: Optional[int] = None  # first N prompts after filtering; null = all
+    max_new_tokens: int = 64
+    warmup: int = 1  # generations per arm before timing (first calls compile)
+    reps: int = 1  # timed generations per arm and prompt, interleaved method/base
+    seed: int = 0
+    temperature: float = 0.0  # 0 = greedy
+    profile: bool = True  # one extra, separately timed pass per prompt with per-phase barriers
+    chat_template: bool = True  # wrap turns in the tokenizer's chat template when it has one
+    stop_at_eos: bool = False  # benchmarks generate exactly max_new_tokens by default
+
+
+@dataclass
+class KVConfig:
+    name: str = "native"  # native | float16 | bfloat16 | q8 | q4
+    group_size: int = 64  # quantization group for q8/q4 (must divide the head dim)
+
+
+@dataclass
+class Config:
+    arch: ArchConfig = MISSING
+    method: MethodConfig = MISSING
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    kv: KVConfig = field(default_factory=KVConfig)
+    rollback: str = "capture"  # recurrent-state rollback: capture | replay (engines/cache.py)
+    out_dir: str = "results/default"
+    force: bool = False  # re-run cells whose record already exists
+
+
+GROUPS = {"arch": ArchConfig, "method": MethodConfig, "bench": BenchConfig, "kv": KVConfig}
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="schema", node=Config)
+
+
+def conf_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "conf"
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def _one_of(what: str, value, valid) -> None:
+    if value not in valid:
+        raise ConfigError(f"{what}={value!r} is not valid; use one of: {', '.join(map(str, valid))}")
+
+
+def validate(cfg) -> None:
+    """Check every value the schema cannot; raises ConfigError."""
+    from engines.base import get_engine
+
+    try:
+        engine = get_engine(cfg.method.name)
+    except KeyError as e:
+        raise ConfigError(f"{e.args[0]} (choose with method=<name>)") from None
+    if "block_size" in engine.knobs:
+        bs = cfg.method.block_size
+        if not isinstance(bs, int) or bs < 2:
+            raise ConfigError(f"method.block_size={bs!r} is not valid for {cfg.method.name}: it is the number of "
+                              "tokens verified per round (drafts + 1) and must be an integer >= 2")
+    if "min_ngram" in engine.knobs:
+        if cfg.method.min_ngram < 1 or cfg.method.max_ngram < cfg.method.min_ngram:
+            raise ConfigError(f"ngram sizes min_ngram={cfg.method.min_ngram}, max_ngram={cfg.method.max_ngram} are "
+                              "not valid; need 1 <= min_ngram <= max_ngram")
+    _one_of("arch.dtype", cfg.arch.dtype, DTYPES)
+    _one_of("kv.name", cfg.kv.name, KV_DTYPES)
+    _one_of("kv.group_size", cfg.kv.group_size, (32, 64, 128))
+    _one_of("rollback", cfg.rollback, ROLLBACKS)
+    b = cfg.bench
+    for key, low in (("max_new_tokens", 1), ("reps", 1), ("warmup", 0), ("seed", 0)):
+        if getattr(b, key) < low:
+            raise ConfigError(f"bench.{key}={getattr(b, key)} is not valid; it must be >= {low}")
+    if b.temperature < 0:
+        raise ConfigError(f"bench.temperature={b.temperature} is not valid; use 0 (greedy) or a positive value")
+    if b.max_prompts is not None and b.max_prompts < 1:
+        raise ConfigError(f"bench.max_prompts={b.max_prompts} is not valid; use null (all) or a count >= 1")
+
+
+def knobs_of(method_name: str) -> tuple[str, ...]:
+    from engines.base import get_engine
+
+    return get_engine(method_name).knobs

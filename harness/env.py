@@ -1,0 +1,108 @@
+"""Facts about where a measurement ran, recorded in every record.
+
+The BLAS matters on Linux: the mlx CPU wheel bundles the reference BLAS, where a
+forward over T tokens costs about T single-token forwards; with OpenBLAS preloaded
+(LD_PRELOAD) batched verify is nearly free. We record which library actually
+provides cblas_sgemm in this process, not which one is installed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import platform
+import subprocess
+import sys
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def blas_library() -> str:
+    """Path of the shared library that serves cblas_sgemm here (or what is known)."""
+    import mlx.core as mx
+
+    if mx.metal.is_available():
+        return "Accelerate (macOS)"
+    if sys.platform != "linux":
+        return "unknown"
+    mx.eval(mx.ones((2, 2)) @ mx.ones((2, 2)))  # make sure libmlx and its BLAS are loaded
+
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                    ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+    try:
+        libdl = ctypes.CDLL(ctypes.util.find_library("dl") or "libc.so.6")
+        addr = ctypes.cast(ctypes.CDLL(None).cblas_sgemm, ctypes.c_void_p).value
+        info = DlInfo()
+        if libdl.dladdr(ctypes.c_void_p(addr), ctypes.byref(info)):
+            return info.dli_fname.decode()
+    except (AttributeError, OSError):
+        pass
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    libs = sorted({line.split()[-1] for line in maps if "blas" in line.lower() and "/" in line})
+    return ", ".join(libs) or "unknown"
+
+
+def blas_kind(path: str) -> str:
+    p = path.lower()
+    for kind in ("openblas", "mkl", "blis", "accelerate"):
+        if kind in p:
+            return kind
+    return "reference" if "libblas" in p else "unknown"
+
+
+def git_sha() -> dict:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return {"sha": None, "dirty": None}
+    if sha.returncode != 0:
+        return {"sha": None, "dirty": None}
+    return {"sha": sha.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+@lru_cache(maxsize=1)
+def environment() -> dict:
+    import mlx.core as mx
+
+    device = mx.default_device()
+    info = {}
+    try:
+        info = {k: v for k, v in mx.device_info().items() if isinstance(v, (str, int, float))}
+    except (AttributeError, RuntimeError):
+        pass
+    backend = "metal" if mx.metal.is_available() else ("cuda" if mx.cuda.is_available() else "cpu")
+    blas = blas_library() if backend == "cpu" else None
+    return {
+        "mlx": _version("mlx"), "mlx_lm": _version("mlx-lm"), "mlx_backend_pkg": _version("mlx-cuda-13") or _version("mlx-cpu"),
+        "python": platform.python_version(), "platform": platform.platform(),
+        "machine": platform.machine(), "processor": _cpu_name(),
+        "device": str(device), "backend": backend, "device_info": info,
+        "blas": blas, "blas_kind": blas_kind(blas) if blas else backend,
+        "git": git_sha(),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

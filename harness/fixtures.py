@@ -1,0 +1,177 @@
+"""Embedded default models: tiny checkpoints of every supported architecture.
+
+Each fixture is built deterministically (fixed seed, counter-based mx.random) from
+mlx-lm's own ModelArgs/Model classes, saved in the on-disk layout real checkpoints
+use (config.json, model.safetensors, tokenizer.json + tokenizer_config.json with a
+chat template) and loaded back through `mlx_lm.load`, the same path a local Hugging
+Face checkout takes. Nothing is downloaded: the tokenizer is a byte-level BPE trained
+with `tokenizers` on text this project ships (harness/data).
+
+Fixtures are built on first use into a cache directory (SPEC_HARNESS_HOME, default
+~/.cache/spec-harness) under a name that includes a hash of their spec, so a changed
+spec never reuses a stale build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+DATA_DIR = Path(__file__).parent / "data"
+VOCAB_SIZE = 1024
+SEED = 1234
+SPECIAL_TOKENS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|mask|>", "<|pad|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+# Scale of the random weights: small enough that logits stay well inside gemma's
+# soft-cap (saturated logits would tie), large enough that argmax margins are wide.
+INIT_STD = 0.08
+
+_COMMON = {"vocab_size": VOCAB_SIZE, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+           "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": 0}
+
+# Every spec is a config.json for mlx-lm; comments say which feature it exercises.
+FIXTURES: dict[str, dict] = {
+    # Dense full attention.
+    "llama": {**_COMMON, "model_type": "llama", "hidden_size": 128, "num_hidden_layers": 4,
+              "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 64, "rope_theta": 10000.0},
+    # Hybrid: layers 0-2 Gated DeltaNet (ArraysCache), layer 3 full attention (KVCache).
+    "qwen35": {**_COMMON, "model_type": "qwen3_5", "hidden_size": 128, "num_hidden_layers": 4,
+               "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 64, "full_attention_interval": 4, "linear_num_value_heads": 4,
+               "linear_num_key_heads": 2, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+               "linear_conv_kernel_dim": 4,
+               "rope_parameters": {"type": "default", "rope_theta": 100000.0,
+                                   "partial_rotary_factor": 0.25}},
+    # Sliding window (RotatingKVCache, window 32 < generated length) + full attention,
+    # per-layer inputs and KV sharing in the last two layers, as in Gemma 4 E2B/E4B.
+    "gemma4": {**_COMMON, "model_type": "gemma4_text", "hidden_size": 128, "num_hidden_layers": 5,
+               "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 32, "global_head_dim": 64, "sliding_window": 32,
+               "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                               "sliding_attention", "full_attention"],
+               "num_kv_shared_layers": 2, "hidden_size_per_layer_input": 16,
+               "vocab_size_per_layer_input": VOCAB_SIZE, "final_logit_softcapping": 30.0},
+    # MoE variant (router + experts beside the dense MLP, k == v on full attention),
+    # as in Gemma 4 26B-A4B.
+    "gemma4_moe": {**_COMMON, "model_type": "gemma4_text", "hidden_size": 128, "num_hidden_layers": 4,
+                   "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+                   "num_global_key_value_heads": 1, "attention_k_eq_v": True,
+                   "head_dim": 32, "global_head_dim": 64, "sliding_window": 32,
+                   "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                                   "full_attention"],
+                   "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0,
+                   "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+                   "moe_intermediate_size": 64, "final_logit_softcapping": 30.0},
+}
+
+
+def fixture_names() -> list[str]:
+    return sorted(FIXTURES)
+
+
+def _spec_hash(name: str) -> str:
+    blob = json.dumps({"spec": FIXTURES[name], "vocab": VOCAB_SIZE, "seed": SEED, "std": INIT_STD,
+                       "special": SPECIAL_TOKENS, "template": CHAT_TEMPLATE,
+                       "corpus": hashlib.sha256(_corpus_text().encode()).hexdigest()},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def home() -> Path:
+    return Path(os.environ.get("SPEC_HARNESS_HOME", Path.home() / ".cache" / "spec-harness"))
+
+
+def fixture_dir(name: str) -> Path:
+    """Path of the fixture checkpoint `name`, building it on first use."""
+    if name not in FIXTURES:
+        raise KeyError(f"unknown fixture {name!r}; available: {', '.join(fixture_names())}")
+    dest = home() / "fixtures" / f"{name}-{_spec_hash(name)}"
+    if not (dest / "config.json").exists():
+        _build_atomically(name, dest)
+    return dest
+
+
+def _build_atomically(name: str, dest: Path) -> None:
+    # Build in a sibling temp dir and rename: a crash never leaves half a checkpoint.
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
+    try:
+        build_checkpoint(name, tmp)
+        try:
+            tmp.rename(dest)
+        except OSError:
+            if not (dest / "config.json").exists():  # lost a race only if the winner finished
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _corpus_text() -> str:
+    prompts = [t for line in (DATA_DIR / "prompts.jsonl").read_text().splitlines() if line.strip()
+               for t in json.loads(line)["turns"]]
+    return (DATA_DIR / "corpus.txt").read_text() + "\n".join(prompts)
+
+
+def train_tokenizer(dest: Path) -> None:
+    """Byte-level BPE over the project's own text; writes tokenizer.json + config."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, min_frequency=1, show_progress=False,
+                                  special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus_text().splitlines(), trainer)
+    if tok.get_vocab_size() != VOCAB_SIZE:
+        raise RuntimeError(f"tokenizer training gave {tok.get_vocab_size()} tokens, want {VOCAB_SIZE}: "
+                           "the corpus in harness/data is too small")
+    tok.save(str(dest / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
+              "eos_token": "<|endoftext|>", "pad_token": "<|pad|>", "mask_token": "<|mask|>",
+              "model_max_length": 4096, "chat_template": CHAT_TEMPLATE}
+    (dest / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (dest / "special_tokens_map.json").write_text(json.dumps(
+        {k: config[k] for k in ("bos_token", "eos_token", "pad_token", "mask_token")}, indent=2))
+
+
+def build_model(name: str):
+    """Instantiate fixture `name` with its seeded random weights (not saved)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    spec = FIXTURES[name]
+    module = importlib.import_module(f"mlx_lm.models.{spec['model_type']}")
+    mx.random.seed(SEED)
+    model = module.Model(module.ModelArgs.from_dict(dict(spec)))
+    # Re-draw matrices with one known scale; norms, gates and scalars keep mlx-lm's init.
+    keys = iter(mx.random.split(mx.random.key(SEED), len(tree_flatten(model.parameters()))))
+    params = []
+    for path, p in tree_flatten(model.parameters()):
+        k = next(keys)
+        if p.ndim >= 2 and "conv1d" not in path:
+            p = INIT_STD * mx.random.normal(p.shape, key=k)
+        params.append((path, p))
+    model.update(tree_unflatten(params))
+    mx.eval(model.parameters())
+    return model
+
+
+def build_checkpoint(name: str, dest: Path) -> None:
+    """Write fixture `name` to `dest` in the layout of a local Hugging Face checkout."""
+    from mlx_lm.utils import save_config, save_model
+
+    dest.mkdir(parents=True, exist_ok=True)
+    train_tokenizer(dest)
+    model = build_model(name)
+    save_model(dest, model)
+    save_config(dict(FIXTURES[name]), dest / "config.json")

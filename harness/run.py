@@ -1,0 +1,124 @@
+"""One cell, end to end: validate, skip if already recorded, measure, write the record.
+
+Bad input raises ConfigError before anything is written. Once the input is valid
+every outcome is recorded: `ok`, `unsupported` (this method/model/backend
+combination cannot run, with the reason) or `error` (with the exception), and a
+sweep goes on to the next cell.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from engines.base import Unsupported, get_engine
+from engines.target import Target
+from harness.config import ConfigError, validate
+from harness.env import environment
+from harness.measure import Arms, measure_cell
+from harness.models import has_moe, load_target, model_dtype, resolve_model
+from harness.prompts import load_suite
+from harness.records import SCHEMA_VERSION, canonical_cell, cell_id, read_record, write_record
+
+_DONE_THIS_PROCESS: set[str] = set()
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_cell(cfg) -> Path | None:
+    """Measure the cell `cfg` names and write its record; returns the record path."""
+    validate(cfg)
+    resolve_model(cfg.arch.model)
+    prompts = load_suite(cfg.bench.suite, list(cfg.bench.categories), cfg.bench.max_prompts)
+    cell = canonical_cell(cfg)
+    cid = cell_id(cell)
+    path = Path(cfg.out_dir) / f"{cid}.json"
+    if cid in _DONE_THIS_PROCESS:
+        log(f"skip {cid}: same cell as an earlier job ({cfg.method.name} ignores the axis that differs)")
+        return path
+    _DONE_THIS_PROCESS.add(cid)
+    old = read_record(path)
+    if old and old.get("status") == "ok" and not cfg.force:
+        log(f"skip {cid}: already recorded in {path} (force=true re-runs it)")
+        return path
+    log(f"cell {cid}: {len(prompts)} prompts, {cfg.bench.max_new_tokens} new tokens each")
+    record = _measure(cfg, cell, cid, prompts)
+    write_record(path, record)
+    log(f"  -> {record['status']}: {_headline(record)}  [{path}]")
+    return path
+
+
+def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
+    record = {"schema": SCHEMA_VERSION, "cell_id": cid, "cell": cell,
+              "config": OmegaConf.to_container(cfg, resolve=True), "env": environment(),
+              "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    t0 = time.perf_counter()
+    try:
+        model, tokenizer, ckpt = load_target(cfg.arch.model, cfg.arch.dtype)
+        record["model"] = {"path": str(ckpt), "model_type": getattr(model, "model_type", None),
+                           "dtype": model_dtype(model)}
+        _check_supported(model, cfg, record["env"])
+        arms = _build_arms(model, cfg)
+        record["engine"] = arms.method.describe()
+        record["cache"] = vars(arms.method.target.layout)
+        started = time.perf_counter()
+        progress = lambda done, total: log(f"  prompt {done}/{total}  {time.perf_counter() - started:.1f}s")
+        record.update(measure_cell(arms, tokenizer, prompts, cfg.bench, progress))
+        record["status"] = "ok"
+    except ConfigError:
+        raise
+    except Unsupported as e:
+        record.update(status="unsupported", reason=str(e))
+    except Exception as e:  # noqa: BLE001 -- any failure of a valid cell is recorded, and the sweep goes on
+        reason = _known_unsupported(e)
+        if reason:
+            record.update(status="unsupported", reason=reason)
+        else:
+            record.update(status="error", reason=f"{type(e).__name__}: {e}",
+                          traceback=traceback.format_exc(limit=-8))
+    record["wall_s"] = round(time.perf_counter() - t0, 3)
+    return record
+
+
+def _build_arms(model, cfg) -> Arms:
+    def engine(name):
+        target = Target(model, kv=cfg.kv.name, rollback=cfg.rollback, kv_group_size=cfg.kv.group_size)
+        return get_engine(name)(target, cfg.method)
+
+    method = engine(cfg.method.name)
+    return Arms(method, None if method.name == "base" else engine("base"))
+
+
+def _check_supported(model, cfg, env: dict) -> None:
+    if env["backend"] == "cpu" and cfg.arch.dtype not in ("float32", "native") and has_moe(model):
+        raise Unsupported(f"MoE experts (GatherMM) run only in float32 on the mlx CPU backend; "
+                          f"arch.dtype={cfg.arch.dtype} needs a GPU (or use arch.dtype=float32)")
+    shared = getattr(getattr(model, "args", None), "num_kv_shared_layers", 0) or 0
+    if cfg.kv.name in ("q8", "q4") and shared > 0:
+        raise Unsupported(f"mlx-lm cannot quantize the KV cache of a model whose last {shared} layers share "
+                          "KV with earlier ones (they receive packed tuples); use kv=native/float16/bfloat16")
+
+
+def _known_unsupported(e: Exception) -> str | None:
+    msg = str(e)
+    if "[quantize] The last dimension" in msg:
+        return f"KV quantization group does not divide the head dim ({msg.split('.')[0]}); try kv.group_size=32"
+    if "only supports float32" in msg:
+        return f"this op runs only in float32 on this backend: {msg}"
+    return None
+
+
+def _headline(rec: dict) -> str:
+    if rec["status"] != "ok":
+        return rec.get("reason", "")
+    s = rec["summary"]
+    tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
+    return (f"{s['decode_tps']:.1f} tok/s, base {s['base_decode_tps']:.1f} tok/s, speedup {s['speedup']:.3f}x, "
+            f"tau {tau}, diverged {s['diverged_prompts']}/{s['prompts']}")
