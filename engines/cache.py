@@ -147,8 +147,13 @@ def _temporal(c: RotatingKVCache, v: mx.array) -> mx.array:
 
 def _trim_rotating(c: RotatingKVCache, n: int) -> None:
     keys, values = _temporal(c, c.keys), _temporal(c, c.values)
+    if getattr(c, "_rollback_pad_offset", None) == c.offset:
+        # Our own padding slot from the last trim is still there (no update since):
+        # it holds no position, so it must not count as history.
+        keys, values = (_drop_slot(v, c.keep) for v in (keys, values))
     held = keys.shape[2] - n  # entries left, covering positions [offset - held, offset)
     offset = c.offset - n
+    c._rollback_pad_offset = None
     if offset >= c.max_size:
         # The next update needs the last window-1 positions (single-token updates
         # rotate in a window-sized buffer; multi-token updates keep window-1).
@@ -162,14 +167,22 @@ def _trim_rotating(c: RotatingKVCache, n: int) -> None:
         if keep < c.max_size:
             # Pad one slot at the oldest position: the next single-token update
             # writes there first, the next multi-token update drops it first.
-            pad = lambda v: mx.concatenate([v[..., : c.keep, :], mx.zeros_like(v[..., :1, :]), v[..., c.keep:, :]], axis=2)
-            keys, values = pad(keys), pad(values)
+            keys, values = (_pad_slot(v, c.keep) for v in (keys, values))
+            c._rollback_pad_offset = offset
         c.keys, c.values, c._idx = keys, values, c.max_size
     else:
         if held != offset:
             raise RollbackError(f"sliding window holds {held} entries for {offset} positions")
         c.keys, c.values, c._idx = keys[..., :held, :], values[..., :held, :], held
     c.offset = offset
+
+
+def _pad_slot(v: mx.array, keep: int) -> mx.array:
+    return mx.concatenate([v[..., :keep, :], mx.zeros_like(v[..., :1, :]), v[..., keep:, :]], axis=2)
+
+
+def _drop_slot(v: mx.array, keep: int) -> mx.array:
+    return mx.concatenate([v[..., :keep, :], v[..., keep + 1:, :]], axis=2)
 
 
 def _tail(v: mx.array, size: int, keep: int) -> mx.array:

@@ -48,7 +48,8 @@ def run_cell(cfg) -> Path | None:
     if old and old.get("status") == "ok" and not cfg.force:
         log(f"skip {cid}: already recorded in {path} (force=true re-runs it)")
         return path
-    log(f"cell {cid}: {len(prompts)} prompts, {cfg.bench.max_new_tokens} new tokens each")
+    turns = sum(len(p.turns) for p in prompts)
+    log(f"cell {cid}: {len(prompts)} prompts ({turns} turns), {cfg.bench.max_new_tokens} new tokens each")
     record = _measure(cfg, cell, cid, prompts)
     write_record(path, record)
     log(f"  -> {record['status']}: {_headline(record)}  [{path}]")
@@ -69,7 +70,7 @@ def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
         record["engine"] = arms.method.describe()
         record["cache"] = vars(arms.method.target.layout)
         started = time.perf_counter()
-        progress = lambda done, total: log(f"  prompt {done}/{total}  {time.perf_counter() - started:.1f}s")
+        progress = lambda done, total: log(f"  turn {done}/{total}  {time.perf_counter() - started:.1f}s")
         record.update(measure_cell(arms, tokenizer, prompts, cfg.bench, progress))
         record["status"] = "ok"
     except ConfigError:

@@ -1,0 +1,38 @@
+"""Shared fixtures: the embedded fixture models, loaded once per test session."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from harness.fixtures import fixture_dir, fixture_names  # noqa: E402
+
+ARCHS = fixture_names()  # gemma4, gemma4_moe, llama, qwen35
+
+
+@pytest.fixture(scope="session")
+def models():
+    """name -> (model, tokenizer), loaded through mlx_lm.load like a real checkpoint."""
+    import mlx_lm
+
+    return {name: mlx_lm.load(str(fixture_dir(name))) for name in ARCHS}
+
+
+def method_cfg(block_size: int = 4, min_ngram: int = 1, max_ngram: int = 3):
+    return SimpleNamespace(name="ngram", block_size=block_size, min_ngram=min_ngram, max_ngram=max_ngram)
+
+
+def builtin_prompts():
+    from harness.prompts import load_suite
+
+    return load_suite("builtin")
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

@@ -1,0 +1,41 @@
+"""Test-only engines and runners (never registered, so never offered to users)."""
+
+from __future__ import annotations
+
+import random
+
+from engines.autoregressive import Autoregressive
+from engines.base import Draft, Engine
+from engines.sampling import Sampler
+from engines.target import Target
+from harness.measure import run_generation
+
+
+class Oracle(Engine):
+    """Drafts the target's own greedy continuation (known in advance).
+
+    With `corrupt`, one drafted token per round is replaced at a random index, so
+    every acceptance length 0..K happens and partial rollbacks are exercised.
+    """
+
+    def __init__(self, target, k: int, continuation: list[int], prompt_len: int, corrupt: bool = False, seed=0):
+        super().__init__(target, None)
+        self.k, self.continuation, self.prompt_len, self.corrupt = k, continuation, prompt_len, corrupt
+        self.rng = random.Random(seed)
+
+    def draft(self, history, max_tokens):
+        pos = len(history) - self.prompt_len  # tokens generated so far; the next one is continuation[pos]
+        tokens = list(self.continuation[pos: pos + min(self.k, max_tokens)])
+        if self.corrupt and tokens:
+            i = self.rng.randrange(len(tokens) + 1)  # == len(tokens): leave this round intact
+            if i < len(tokens):
+                tokens[i] = (tokens[i] + 1) % self.target.vocab_size
+        return Draft(tokens)
+
+
+def generate_ids(engine: Engine, ids: list[int], n: int, temperature: float = 0.0, seed: int = 0):
+    return run_generation(engine, ids, n, Sampler(temperature, seed))
+
+
+def base_engine(model, **target_kw) -> Autoregressive:
+    return Autoregressive(Target(model, **target_kw), None)

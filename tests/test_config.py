@@ -1,0 +1,56 @@
+import pytest
+from hydra import compose, initialize_config_dir
+
+from harness.__main__ import check_overrides
+from harness.config import ConfigError, conf_dir, register_configs, validate
+from harness.records import canonical_cell, cell_id
+
+
+def cfg(*overrides):
+    register_configs()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_base_ignores_block_size_and_rollback_so_those_cells_coincide():
+    a = cfg("method=base", "method.block_size=3", "rollback=capture")
+    b = cfg("method=base", "method.block_size=5", "rollback=replay")
+    assert cell_id(canonical_cell(a)) == cell_id(canonical_cell(b))
+
+
+def test_axes_a_method_uses_give_distinct_cells():
+    ids = {cell_id(canonical_cell(cfg("method=ngram", f"method.block_size={bs}", f"kv={kv}")))
+           for bs in (3, 5) for kv in ("native", "q8")}
+    assert len(ids) == 4
+    assert cell_id(canonical_cell(cfg("method=ngram", "rollback=replay"))) != \
+        cell_id(canonical_cell(cfg("method=ngram", "rollback=capture")))
+
+
+def test_defaults_are_valid_and_name_the_fixture():
+    c = cfg()
+    validate(c)
+    assert c.arch.model == "fixture:qwen35" and c.method.name == "base" and c.kv.name == "native"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["method=ngram", "method.block_size=1"], "integer >= 2"),
+    (["method=ngram", "method.min_ngram=3", "method.max_ngram=2"], "min_ngram <= max_ngram"),
+    (["arch.dtype=float8"], "use one of: float32"),
+    (["bench.reps=0"], "bench.reps=0"),
+    (["bench.temperature=-1"], "temperature"),
+])
+def test_invalid_values_are_rejected_with_the_valid_ones(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg(*overrides))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["method=nope"], "available: base, ngram"),
+    (["method=base,nope"], "unknown method 'nope'"),
+    (["bench.reps_typo=2"], "bench has: suite"),
+    (["+sweep=nope"], "available: gemma4, llama, qwen35"),
+])
+def test_unknown_options_and_keys_are_caught_before_hydra_runs(args, message):
+    with pytest.raises(ConfigError, match=message):
+        check_overrides(args)
+    check_overrides(["method=ngram", "method.block_size=5", "+sweep=qwen35", "hydra.verbose=true"])

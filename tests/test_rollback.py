@@ -1,0 +1,114 @@
+"""Rollback exactness: after draft + verify + rollback, every cache equals a fresh run."""
+
+import random
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm.models.qwen3_5 as qwen3_5
+import pytest
+from mlx_lm.models.cache import RotatingKVCache
+
+from engines.cache import RollbackError, logical_state, trim_attention
+from engines.target import Target
+from tests.conftest import ARCHS
+
+TOL = 1e-5
+
+
+def _max_diff(a: Target, b: Target) -> float:
+    worst = 0.0
+    assert a.offset == b.offset
+    for ca, cb in zip(a.cache, b.cache, strict=True):
+        for x, y in zip(logical_state(ca), logical_state(cb), strict=True):
+            assert x.shape == y.shape, f"{type(ca).__name__}: {x.shape} vs {y.shape}"
+            if x.size:
+                worst = max(worst, mx.abs(x.astype(mx.float32) - y.astype(mx.float32)).max().item())
+    return worst
+
+
+def _scenario(model, strategy, kv, prompt, rounds):
+    """Run verify/commit rounds; return the rolled-back target and a fresh one fed only what was kept."""
+    t = Target(model, kv=kv, rollback=strategy)
+    fresh = Target(model, kv=kv, rollback=strategy)
+    t.prefill(prompt)
+    fresh.prefill(prompt)
+    for tokens, n_keep in rounds:
+        t.verify(tokens)
+        t.commit(n_keep)
+        fresh.forward(tokens[:n_keep])  # the accepted prefix, fed as one chunk like the verify
+    return t, fresh
+
+
+@pytest.mark.parametrize("strategy", ["capture", "replay"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rollback_restores_every_cache_to_a_fresh_run_over_the_accepted_prefix(models, arch, strategy):
+    model, _ = models[arch]
+    rng = random.Random(7)
+    for prompt_len in (5, 40):  # 40 > gemma's window of 32: the window has already wrapped
+        prompt = [rng.randrange(1000) for _ in range(prompt_len)]
+        rounds = []
+        for _ in range(12):  # 12 rounds of up to 6 tokens: wraps the window again
+            T = rng.choice([2, 4, 6])
+            rounds.append(([rng.randrange(1000) for _ in range(T)], rng.randint(1, T)))
+        t, fresh = _scenario(model, strategy, "native", prompt, rounds)
+        assert _max_diff(t, fresh) <= TOL
+        # ... and the next forward agrees too
+        assert mx.abs(t.verify([5, 6]) - fresh.forward([5, 6])).max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("n_keep", [1, 2, 3, 4, 5])
+def test_hybrid_rollback_to_each_position_of_a_block(models, n_keep):
+    model, _ = models["qwen35"]
+    prompt = list(range(100, 130))
+    block = [11, 22, 33, 44, 55]
+    for strategy in ("capture", "replay"):
+        t, fresh = _scenario(model, strategy, "native", prompt, [(block, n_keep)])
+        assert _max_diff(t, fresh) <= TOL, strategy
+        # recurrent state: both the conv window and the DeltaNet state are compared
+        assert any(len(logical_state(c)) == 2 and logical_state(c)[1].ndim == 4 for c in t.cache)
+
+
+@pytest.mark.parametrize("kv", ["q8", "float16"])
+def test_rollback_is_exact_under_converted_kv_caches(models, kv):
+    model, _ = models["llama"]
+    rounds = [([1, 2, 3, 4], 2), ([5, 6, 7], 1), ([8, 9], 2)]
+    t, fresh = _scenario(model, "capture", kv, list(range(200, 260)), rounds)
+    assert _max_diff(t, fresh) <= TOL
+
+
+def test_sliding_window_rollback_many_rounds_past_the_window(models):
+    model, _ = models["gemma4"]
+    rng = random.Random(3)
+    rounds = [([rng.randrange(1000) for _ in range(5)], rng.randint(1, 5)) for _ in range(30)]
+    t, fresh = _scenario(model, "capture", "native", [rng.randrange(1000) for _ in range(33)], rounds)
+    windows = [c for c in t.cache if isinstance(c, RotatingKVCache)]
+    assert windows and all(c.offset > 3 * c.max_size for c in windows)
+    assert _max_diff(t, fresh) <= TOL
+
+
+def test_rotating_rollback_raises_when_the_window_lost_history():
+    c = RotatingKVCache(max_size=8)
+    for _ in range(20):  # single-token updates rotate in place: only 8 positions are kept
+        c.update_and_fetch(mx.ones((1, 1, 1, 4)), mx.ones((1, 1, 1, 4)))
+    trim_attention(c, 1)  # 7 positions left: still enough for the next query
+    with pytest.raises(RollbackError, match="lost history"):
+        trim_attention(c, 1)
+
+
+def test_trimming_more_than_the_cache_holds_raises(models):
+    t = Target(models["llama"][0])
+    t.prefill([1, 2, 3])
+    t.verify([4, 5])
+    with pytest.raises(RollbackError):
+        t.commit(0)
+
+
+def test_capture_leaves_no_patch_behind(models):
+    model, _ = models["qwen35"]
+    original = qwen3_5.gated_delta_update
+    t = Target(model, rollback="capture")
+    t.prefill([1, 2, 3, 4])
+    t.verify([5, 6, 7])
+    t.commit(2)
+    assert qwen3_5.gated_delta_update is original
+    assert all(type(layer.linear_attn.conv1d) is nn.Conv1d for layer in model.layers if layer.is_linear)
