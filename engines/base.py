@@ -133,4 +133,5 @@ def get_engine(name: str) -> type[Engine]:
 def _load_builtin() -> None:
     # Importing the modules runs their @register decorators.
     import engines.autoregressive  # noqa: F401
+    import engines.control  # noqa: F401
     import engines.ngram  # noqa: F401

@@ -32,7 +32,7 @@ class ArchConfig:
 
 @dataclass
 class MethodConfig:
-    name: str = MISSING  # a registered engine: base, ngram
+    name: str = MISSING  # a registered engine: base, ngram, control
     block_size: Optional[int] = None  # tokens verified per round = K drafts + 1; base ignores it
     min_ngram: int = 1  # ngram: shortest suffix n-gram to match
     max_ngram: int = 3  # ngram: longest suffix n-gram to match (tried first)
@@ -45,7 +45,8 @@ class BenchConfig:
     max_prompts: Optional[int] = None  # first N prompts after filtering; null = all
     max_new_tokens: int = 64
     warmup: int = 1  # generations per arm before timing (first calls compile)
-    reps: int = 1  # timed generations per arm and prompt, interleaved method/base
+    reps: int = 3  # timed generations per arm and prompt, interleaved method/base
+    cooldown_s: float = 0.0  # sleep between reps (laptops throttle: 60 s is common there)
     seed: int = 0
     temperature: float = 0.0  # 0 = greedy
     profile: bool = True  # one extra, separately timed pass per prompt with per-phase barriers
@@ -112,7 +113,7 @@ def validate(cfg) -> None:
     _one_of("kv.group_size", cfg.kv.group_size, (32, 64, 128))
     _one_of("rollback", cfg.rollback, ROLLBACKS)
     b = cfg.bench
-    for key, low in (("max_new_tokens", 1), ("reps", 1), ("warmup", 0), ("seed", 0)):
+    for key, low in (("max_new_tokens", 1), ("reps", 1), ("warmup", 0), ("seed", 0), ("cooldown_s", 0)):
         if getattr(b, key) < low:
             raise ConfigError(f"bench.{key}={getattr(b, key)} is not valid; it must be >= {low}")
     if b.temperature < 0:

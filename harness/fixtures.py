@@ -1,15 +1,17 @@
 """Embedded default models: tiny checkpoints of every supported architecture.
 
-Each fixture is built deterministically (fixed seed, counter-based mx.random) from
-mlx-lm's own ModelArgs/Model classes, saved in the on-disk layout real checkpoints
-use (config.json, model.safetensors, tokenizer.json + tokenizer_config.json with a
-chat template) and loaded back through `mlx_lm.load`, the same path a local Hugging
-Face checkout takes. Nothing is downloaded: the tokenizer is a byte-level BPE trained
-with `tokenizers` on text this project ships (harness/data).
+Each fixture is an mlx-lm model (its own ModelArgs/Model classes) written in the
+on-disk layout real checkpoints use (config.json, model.safetensors in bfloat16,
+tokenizer.json + tokenizer_config.json with a chat template) and loaded back through
+`mlx_lm.load`, the same path a local Hugging Face checkout takes. Nothing is
+downloaded: the tokenizer is a byte-level BPE trained with `tokenizers` on text this
+project ships (harness/data), and the weights start from a fixed-seed init
+(`build_model`) and are trained on that text by harness/train_fixtures.py; the
+trained weights and the tokenizer ship in harness/data/fixtures/.
 
-Fixtures are built on first use into a cache directory (SPEC_HARNESS_HOME, default
-~/.cache/spec-harness) under a name that includes a hash of their spec, so a changed
-spec never reuses a stale build.
+Checkpoints are assembled on first use into a cache directory (SPEC_HARNESS_HOME,
+default ~/.cache/spec-harness) under a name that includes a hash of their spec and
+shipped files, so a changed spec never reuses a stale build.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 DATA_DIR = Path(__file__).parent / "data"
+SHIPPED_DIR = DATA_DIR / "fixtures"
 VOCAB_SIZE = 1024
 SEED = 1234
 SPECIAL_TOKENS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|mask|>", "<|pad|>"]
@@ -78,11 +81,14 @@ def fixture_names() -> list[str]:
     return sorted(FIXTURES)
 
 
+def _file_hash(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
+
+
 def _spec_hash(name: str) -> str:
-    blob = json.dumps({"spec": FIXTURES[name], "vocab": VOCAB_SIZE, "seed": SEED, "std": INIT_STD,
-                       "special": SPECIAL_TOKENS, "template": CHAT_TEMPLATE,
-                       "corpus": hashlib.sha256(_corpus_text().encode()).hexdigest()},
-                      sort_keys=True)
+    blob = json.dumps({"spec": FIXTURES[name], "special": SPECIAL_TOKENS, "template": CHAT_TEMPLATE,
+                       "weights": _file_hash(SHIPPED_DIR / f"{name}.safetensors"),
+                       "tokenizer": _file_hash(SHIPPED_DIR / "tokenizer.json")}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -115,14 +121,14 @@ def _build_atomically(name: str, dest: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _corpus_text() -> str:
+def corpus_text() -> str:
     prompts = [t for line in (DATA_DIR / "prompts.jsonl").read_text().splitlines() if line.strip()
                for t in json.loads(line)["turns"]]
     return (DATA_DIR / "corpus.txt").read_text() + "\n".join(prompts)
 
 
-def train_tokenizer(dest: Path) -> None:
-    """Byte-level BPE over the project's own text; writes tokenizer.json + config."""
+def train_tokenizer_json(path: Path) -> None:
+    """Byte-level BPE over the project's own text, saved as a tokenizer.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -131,11 +137,16 @@ def train_tokenizer(dest: Path) -> None:
     trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, min_frequency=1, show_progress=False,
                                   special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_corpus_text().splitlines(), trainer)
+    tok.train_from_iterator(corpus_text().splitlines(), trainer)
     if tok.get_vocab_size() != VOCAB_SIZE:
         raise RuntimeError(f"tokenizer training gave {tok.get_vocab_size()} tokens, want {VOCAB_SIZE}: "
                            "the corpus in harness/data is too small")
-    tok.save(str(dest / "tokenizer.json"))
+    tok.save(str(path))
+
+
+def write_tokenizer(dest: Path) -> None:
+    """The shipped tokenizer.json plus the config files transformers reads."""
+    shutil.copyfile(SHIPPED_DIR / "tokenizer.json", dest / "tokenizer.json")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
               "eos_token": "<|endoftext|>", "pad_token": "<|pad|>", "mask_token": "<|mask|>",
               "model_max_length": 4096, "chat_template": CHAT_TEMPLATE}
@@ -168,10 +179,12 @@ def build_model(name: str):
 
 def build_checkpoint(name: str, dest: Path) -> None:
     """Write fixture `name` to `dest` in the layout of a local Hugging Face checkout."""
-    from mlx_lm.utils import save_config, save_model
+    from mlx_lm.utils import save_config
 
+    weights = SHIPPED_DIR / f"{name}.safetensors"
+    if not weights.exists():
+        raise FileNotFoundError(f"{weights} is missing; create it with `python -m harness.train_fixtures {name}`")
     dest.mkdir(parents=True, exist_ok=True)
-    train_tokenizer(dest)
-    model = build_model(name)
-    save_model(dest, model)
+    write_tokenizer(dest)
+    shutil.copyfile(weights, dest / "model.safetensors")
     save_config(dict(FIXTURES[name]), dest / "config.json")

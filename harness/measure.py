@@ -1,11 +1,17 @@
 """Measuring one cell: the method arm and the base arm, interleaved prompt by prompt.
 
-Per prompt: `warmup` untimed generations of each arm (first prompt only: first calls
-compile), then `reps` timed generations alternating method, base, method, base...,
-so every speed ratio comes from runs side by side in one process. The base arm's
-tokens are the reference for divergence. With bench.profile, one more method
-generation runs with per-phase barriers; its timings feed the phase profile only,
-never tok/s.
+Protocol per cell:
+1. warm-up: `warmup` untimed generations of each arm on the first prompt (first
+   calls compile kernels);
+2. calibration: on the first prompt's context, the target's cost of one decode
+   step and of one verify over K+1 tokens (median of a few), for the speedup model;
+3. per prompt, `reps` timed generations alternating method, base, method, base...
+   (optional cool-down between reps), so every ratio comes from runs side by side;
+4. with bench.profile, one more method generation with per-phase barriers; it
+   feeds the phase profile only, never tok/s.
+The base arm's first output is the reference for divergence; where a method leaves
+it, the base logits there are inspected (top-1/top-2 margin) to tell numerical
+near-ties from bugs.
 """
 
 from __future__ import annotations
@@ -14,10 +20,16 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+import mlx.core as mx
+
 from engines.base import Engine
 from engines.sampling import Sampler
+from engines.target import Target
+from harness import stats
 from harness.loop import Prefill, Round, generate
 from harness.prompts import Prompt, encode_turn
+
+MODEL_PHASES = ("verify",)  # phases the speedup model takes from calibration, not the profile
 
 
 @dataclass
@@ -32,6 +44,10 @@ class Generation:
     @property
     def decode_tokens(self) -> int:
         return len(self.tokens) - 1  # the first token comes from the prefill
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
 
     def acceptance(self) -> dict:
         """tau, histogram and per-position counts over this generation's rounds."""
@@ -75,9 +91,42 @@ def divergence(tokens: list[int], reference: list[int]) -> dict:
             "matched_fraction": matched / max(len(reference), 1)}
 
 
-def _tps(gens: list[Generation]) -> float:
-    secs = sum(g.decode_s for g in gens)
-    return sum(g.decode_tokens for g in gens) / secs if secs > 0 else float("nan")
+def divergence_margin(target: Target, ids: list[int], reference: list[int], tokens: list[int], at: int) -> dict:
+    """At the first divergence: the reference run's top-1/top-2 tokens and logit margin.
+
+    A margin near float noise means the two runs split on a near-tie; a wide margin
+    with the method's token far down the list means a bug.
+    """
+    logits = target.prefill(ids + reference[:at]).astype(mx.float32)  # [V] for output position `at`
+    order = mx.argsort(-logits)
+    rank = None
+    if at < len(tokens):
+        rank = int(mx.sum(logits > logits[tokens[at]]).item())
+    top1, top2 = order[0].item(), order[1].item()
+    return {"reference_token": reference[at] if at < len(reference) else None,
+            "method_token": tokens[at] if at < len(tokens) else None,
+            "reference_top1": top1, "reference_top2": top2,
+            "reference_margin": (logits[top1] - logits[top2]).item(), "method_token_rank": rank}
+
+
+def calibrate(target: Target, ids: list[int], block: int, n: int = 5) -> dict:
+    """Target cost of one decode step and of one verify over `block` tokens (ms, medians)."""
+    target.prefill(ids)
+    mx.eval([c.state for c in target.cache])
+    pending = ids[-1]
+
+    def once(tokens):
+        t0 = time.perf_counter()
+        mx.eval(target.verify(tokens), [c.state for c in target.cache])
+        dt = time.perf_counter() - t0
+        target.commit(1)
+        mx.eval([c.state for c in target.cache])
+        return dt * 1e3
+
+    decode = statistics.median(once([pending]) for _ in range(n))
+    verify = statistics.median(once([pending] * block) for _ in range(n)) if block > 1 else decode
+    return {"context": len(ids), "block": block, "decode_ms": decode, "verify_ms": verify,
+            "verify_cost_ratio": verify / decode}
 
 
 def _round_table(gen: Generation) -> dict:
@@ -95,15 +144,17 @@ def _round_table(gen: Generation) -> dict:
 class Arms:
     method: Engine
     base: Engine | None  # None when the method is base itself
+    block: int = 1  # tokens the method verifies per full round (K + 1)
 
 
 def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=None) -> dict:
     """Run every prompt (and turn) of the cell; returns the record's per-prompt list and summary."""
     sampler = Sampler(bench.temperature, bench.seed)
     stop = frozenset(tokenizer.eos_token_ids) if bench.stop_at_eos else frozenset()
-    items, reps_m, reps_b = [], [[] for _ in range(bench.reps)], [[] for _ in range(bench.reps)]
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
+    items, reps_m, reps_b = [], [[] for _ in range(bench.reps)], [[] for _ in range(bench.reps)]
     answers: dict[str, list[str]] = {}
+    calibration = None
     for u, (prompt, turn) in enumerate(units):
         ids = encode_turn(tokenizer, prompt, turn, answers.get(prompt.id, []), bench.chat_template)
         run = lambda eng, profile=False: run_generation(eng, ids, bench.max_new_tokens, sampler, profile, stop)
@@ -112,8 +163,11 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
                 run(arms.method)
                 if arms.base:
                     run(arms.base)
+            calibration = calibrate(arms.method.target, ids, arms.block)
         gm, gb = [], []
         for r in range(bench.reps):
+            if r and bench.cooldown_s:
+                time.sleep(bench.cooldown_s)
             gm.append(run(arms.method))
             reps_m[r].append(gm[-1])
             if arms.base:
@@ -122,10 +176,16 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
         ref = gb[0] if arms.base else gm[0]
         answers.setdefault(prompt.id, []).append(tokenizer.decode(ref.tokens))
         prof = run(arms.method, profile=True) if bench.profile else None
-        items.append(_prompt_item(prompt, turn, ids, gm, gb, prof))
+        item = _prompt_item(prompt, turn, ids, gm, gb, prof)
+        if item["first_divergence"] is not None:
+            item["divergence"] = divergence_margin(arms.method.target, ids, ref.tokens, gm[0].tokens,
+                                                   item["first_divergence"])
+        items.append(item)
         if progress:
             progress(u + 1, len(units))
-    return {"prompts": items, "summary": _summary(items, reps_m, reps_b if arms.base else None)}
+    summary = _summary(items, reps_m, reps_b if arms.base else None)
+    summary["model"] = speedup_model(items, summary, calibration, arms.block)
+    return {"prompts": items, "calibration": calibration, "summary": summary}
 
 
 def _prompt_item(prompt: Prompt, turn: int, ids, gm: list[Generation], gb: list[Generation],
@@ -136,33 +196,78 @@ def _prompt_item(prompt: Prompt, turn: int, ids, gm: list[Generation], gb: list[
             "tokens": g.tokens, "n_tokens": len(g.tokens),
             "deterministic": all(x.tokens == g.tokens for x in gm[1:] + ([prof] if prof else [])),
             "prefill_s": [x.prefill_s for x in gm], "decode_s": [x.decode_s for x in gm],
-            "decode_tps": [x.decode_tokens / x.decode_s for x in gm],
+            "decode_tps": [x.decode_tps for x in gm],
             **g.acceptance(), **divergence(g.tokens, ref),
             "rounds_detail": _round_table(prof or g)}
     if gb:
-        item["base"] = {"tokens_equal_method": gb[0].tokens == g.tokens,
-                        "prefill_s": [x.prefill_s for x in gb], "decode_s": [x.decode_s for x in gb],
-                        "decode_tps": [x.decode_tokens / x.decode_s for x in gb]}
+        item["base"] = {"prefill_s": [x.prefill_s for x in gb], "decode_s": [x.decode_s for x in gb],
+                        "decode_tps": [x.decode_tps for x in gb]}
     return item
+
+
+def _tps(gens: list[Generation]) -> float:
+    secs = sum(g.decode_s for g in gens)
+    return sum(g.decode_tokens for g in gens) / secs if secs > 0 else float("nan")
 
 
 def _summary(items: list[dict], reps_m: list[list[Generation]], reps_b: list[list[Generation]] | None) -> dict:
     tps_m = [_tps(gens) for gens in reps_m]
     out = {"decode_tps": statistics.median(tps_m), "decode_tps_reps": tps_m,
-           "prompts": len(items), "tokens": sum(i["n_tokens"] for i in items)}
+           "decode_sigma_pct": stats.sigma_pct(tps_m), "prompts": len(items),
+           "tokens": sum(i["n_tokens"] for i in items), "reps": len(tps_m)}
     rounds = sum(i["rounds"] for i in items)
     drafted = sum(i["drafted"] for i in items)
     out["tau"] = sum(i["n_tokens"] - 1 for i in items) / rounds if rounds else None
     out["acceptance_rate"] = sum(i["accepted"] for i in items) / drafted if drafted else None
+    k = max((len(i["proposed_at"]) for i in items), default=0)
+    proposed = [sum(i["proposed_at"][j] for i in items if j < len(i["proposed_at"])) for j in range(k)]
+    accepted = [sum(i["accepted_at"][j] for i in items if j < len(i["accepted_at"])) for j in range(k)]
+    out["per_position_acceptance"] = [a / p if p else None for a, p in zip(accepted, proposed)]
     out["diverged_prompts"] = sum(i["first_divergence"] is not None for i in items)
     firsts = [i["first_divergence"] for i in items if i["first_divergence"] is not None]
     out["earliest_divergence"] = min(firsts) if firsts else None
     out["matched_fraction"] = statistics.mean(i["matched_fraction"] for i in items)
+    out["nondeterministic_prompts"] = sum(not i["deterministic"] for i in items)
     if reps_b:
         tps_b = [_tps(gens) for gens in reps_b]
-        ratios = [m / b for m, b in zip(tps_m, tps_b)]
-        out.update({"base_decode_tps": statistics.median(tps_b), "base_decode_tps_reps": tps_b,
-                    "speedup": statistics.median(ratios), "speedup_reps": ratios})
+        paired = stats.Paired(tps_m, tps_b).summary()
+        out.update({"base_decode_tps": paired["reference_tps_median"], "base_decode_tps_reps": tps_b,
+                    "base_sigma_pct": paired["reference_sigma_pct"], "speedup": paired["speedup"],
+                    "speedup_reps": paired["ratio_reps"], "ratio_of_medians": paired["ratio_of_medians"],
+                    "speedup_ci_low": paired["speedup_ci_low"], "speedup_ci_high": paired["speedup_ci_high"]})
     else:
-        out.update({"base_decode_tps": out["decode_tps"], "speedup": 1.0})
+        out.update({"base_decode_tps": out["decode_tps"], "base_sigma_pct": out["decode_sigma_pct"],
+                    "speedup": 1.0, "ratio_of_medians": 1.0, "speedup_ci_low": None, "speedup_ci_high": None})
+    return out
+
+
+def phase_means(items: list[dict]) -> dict[str, float]:
+    """Mean ms per round of each profiled phase, over every profiled round of the cell."""
+    totals: dict[str, float] = {}
+    rounds = 0
+    for i in items:
+        phases = i["rounds_detail"].get("phase_ms")
+        if not phases:
+            continue
+        rounds += len(i["rounds_detail"]["drafted"])
+        for p, ms in phases.items():
+            totals[p] = totals.get(p, 0.0) + sum(ms)
+    return {p: t / rounds for p, t in totals.items()} if rounds else {}
+
+
+def speedup_model(items: list[dict], summary: dict, calibration: dict | None, block: int) -> dict | None:
+    """Predicted speedup from component costs and the measured acceptance rate (see harness/stats)."""
+    if calibration is None or block < 2:
+        return None
+    phases = phase_means(items)
+    k = block - 1
+    a = summary["acceptance_rate"] or 0.0
+    overhead = sum(ms for p, ms in phases.items() if p not in MODEL_PHASES) if phases else None
+    out = {"k": k, "acceptance": a, "expected_tokens": stats.expected_tokens(a, k),
+           "verify_cost_ratio": calibration["verify_cost_ratio"], "overhead_ms": overhead}
+    if overhead is None:
+        return out  # without a profile the drafter's cost is unknown
+    cost = (calibration["verify_ms"] + overhead) / calibration["decode_ms"]
+    out.update({"round_cost_ratio": cost, "predicted_speedup": out["expected_tokens"] / cost,
+                "break_even_acceptance": stats.break_even_acceptance(cost, k)})
     return out

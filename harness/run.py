@@ -94,7 +94,8 @@ def _build_arms(model, cfg) -> Arms:
         return get_engine(name)(target, cfg.method)
 
     method = engine(cfg.method.name)
-    return Arms(method, None if method.name == "base" else engine("base"))
+    block = cfg.method.block_size if "block_size" in method.knobs else 1
+    return Arms(method, None if method.name == "base" else engine("base"), block)
 
 
 def _check_supported(model, cfg, env: dict) -> None:

@@ -1,7 +1,8 @@
-"""`python -m report <results dir>`: tables from the records under a results directory.
+"""`python -m report <results dir>`: an ADR-ready report from the records in a directory.
 
-Writes <dir>/report.csv (one row per cell) and <dir>/prompts.csv (one row per
-prompt) and prints one markdown table per architecture.
+Writes report.md (setup, protocol, tables, plots), report.csv (one row per cell),
+prompts.csv (one row per prompt and turn), profiles.csv and four PNG plots into
+the directory, and prints the per-architecture tables.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from report.frames import cells, prompts
+from harness.records import iter_records
+from report.document import write
 from report.tables import arch_tables
 
 
@@ -22,15 +24,13 @@ def main(argv: list[str]) -> int:
         print(f"error: {root} is not a directory; pass the out_dir of a harness run (e.g. results/sweep-qwen35)",
               file=sys.stderr)
         return 2
-    df = cells(root)
-    if df.empty:
-        print(f"error: no harness records under {root}; run `python -m harness` with out_dir={root} first",
+    if not any(True for _ in iter_records(root)):
+        print(f"error: no harness records under {root}; run `python -m harness out_dir={root}` first",
               file=sys.stderr)
         return 2
-    df.to_csv(root / "report.csv", index=False)
-    prompts(root).to_csv(root / "prompts.csv", index=False)
+    md, df = write(root)
     print(arch_tables(df))
-    print(f"{len(df)} cells -> {root / 'report.csv'}, {root / 'prompts.csv'}", file=sys.stderr)
+    print(f"{len(df)} cells -> {md} (+ report.csv, prompts.csv, profiles.csv, *.png in {root})", file=sys.stderr)
     return 0
 
 

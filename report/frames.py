@@ -6,28 +6,39 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.measure import phase_means
 from harness.records import iter_records
 
-CELL_COLUMNS = ["arch", "method", "block_size", "kv", "status", "decode_tps", "base_decode_tps", "speedup",
-                "tau", "acceptance_rate", "diverged_prompts", "prompts", "earliest_divergence",
-                "matched_fraction", "reason", "model_type", "dtype", "rollback", "backend", "blas_kind",
-                "cell_id", "path"]
+CELL_COLUMNS = ["arch", "method", "block_size", "kv", "status", "base_decode_tps", "decode_tps", "speedup",
+                "speedup_ci_low", "speedup_ci_high", "ratio_of_medians", "base_sigma_pct", "decode_sigma_pct",
+                "tau", "acceptance_rate", "per_position_acceptance", "diverged_prompts", "prompts",
+                "earliest_divergence", "matched_fraction", "predicted_speedup", "break_even_acceptance",
+                "verify_cost_ratio", "round_cost_ratio", "reps", "reason", "model_type", "dtype", "rollback",
+                "backend", "blas_kind", "cell_id", "path"]
 
 
-def cells(root: Path) -> pd.DataFrame:
+def _records(root: Path) -> list[tuple[Path, dict]]:
+    return list(iter_records(root))
+
+
+def cells(root: Path, records=None) -> pd.DataFrame:
     """One row per recorded cell."""
     rows = []
-    for path, rec in iter_records(root):
-        cell, env = rec["cell"], rec.get("env", {})
+    for path, rec in records if records is not None else _records(root):
+        cell, env, summary = rec["cell"], rec.get("env", {}), rec.get("summary", {})
         row = {"arch": cell["arch"]["name"], "method": cell["method"]["name"],
                "block_size": cell["method"].get("block_size"), "kv": cell["kv"]["name"],
                "status": rec.get("status"), "reason": rec.get("reason"),
                "model_type": rec.get("model", {}).get("model_type"), "dtype": rec.get("model", {}).get("dtype"),
                "rollback": rec.get("engine", {}).get("rollback"), "backend": env.get("backend"),
                "blas_kind": env.get("blas_kind"), "cell_id": rec["cell_id"], "path": str(path)}
-        row.update({k: v for k, v in rec.get("summary", {}).items() if not isinstance(v, list)})
+        row.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
+        row["per_position_acceptance"] = summary.get("per_position_acceptance")
+        model = summary.get("model") or {}
+        row.update({k: model.get(k) for k in ("predicted_speedup", "break_even_acceptance",
+                                              "verify_cost_ratio", "round_cost_ratio")})
         rows.append(row)
-    df = pd.DataFrame(rows, columns=None)
+    df = pd.DataFrame(rows)
     for col in CELL_COLUMNS:
         if col not in df:
             df[col] = None
@@ -35,14 +46,48 @@ def cells(root: Path) -> pd.DataFrame:
     return df[CELL_COLUMNS + [c for c in df.columns if c not in CELL_COLUMNS]]
 
 
-def prompts(root: Path) -> pd.DataFrame:
+def prompts(root: Path, records=None) -> pd.DataFrame:
     """One row per (cell, prompt, turn) of the cells that ran."""
     rows = []
-    for _, rec in iter_records(root):
+    for _, rec in records if records is not None else _records(root):
         cell = rec["cell"]
         for item in rec.get("prompts", []):
+            row = {"arch": cell["arch"]["name"], "method": cell["method"]["name"],
+                   "block_size": cell["method"].get("block_size"), "kv": cell["kv"]["name"],
+                   "cell_id": rec["cell_id"],
+                   **{k: v for k, v in item.items() if not isinstance(v, (list, dict))}}
+            row.update({f"divergence_{k}": v for k, v in (item.get("divergence") or {}).items()})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def profiles(records) -> pd.DataFrame:
+    """Mean ms per round of each phase, one row per cell that was profiled."""
+    rows = []
+    for _, rec in records:
+        if rec.get("status") != "ok":
+            continue
+        means = phase_means(rec.get("prompts", []))
+        if means:
+            cell = rec["cell"]
             rows.append({"arch": cell["arch"]["name"], "method": cell["method"]["name"],
                          "block_size": cell["method"].get("block_size"), "kv": cell["kv"]["name"],
-                         "cell_id": rec["cell_id"],
-                         **{k: v for k, v in item.items() if not isinstance(v, (list, dict))}})
+                         "cell_id": rec["cell_id"], **means})
+    return pd.DataFrame(rows)
+
+
+def accept_hists(records) -> pd.DataFrame:
+    """Accepted drafts per round, summed over a cell's prompts: one row per (cell, n_accepted)."""
+    rows = []
+    for _, rec in records:
+        items = rec.get("prompts", [])
+        if rec.get("status") != "ok" or not any(sum(i["accept_hist"][1:]) or i["drafted"] for i in items):
+            continue
+        width = max(len(i["accept_hist"]) for i in items)
+        total = [sum(i["accept_hist"][n] for i in items if n < len(i["accept_hist"])) for n in range(width)]
+        cell = rec["cell"]
+        for n, count in enumerate(total):
+            rows.append({"arch": cell["arch"]["name"], "method": cell["method"]["name"],
+                         "block_size": cell["method"].get("block_size"), "kv": cell["kv"]["name"],
+                         "accepted": n, "rounds": count})
     return pd.DataFrame(rows)

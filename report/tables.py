@@ -1,4 +1,4 @@
-"""Markdown tables (tabulate, github format) from the cell DataFrame."""
+"""Markdown tables (tabulate, github format) from the report DataFrames."""
 
 from __future__ import annotations
 
@@ -7,30 +7,103 @@ from tabulate import tabulate
 
 
 def _fmt(x, spec: str) -> str:
-    return "-" if x is None or pd.isna(x) else format(x, spec)
+    if x is None or (not isinstance(x, (list, tuple)) and pd.isna(x)):
+        return "-"
+    return format(int(x) if spec == "d" else x, spec)
+
+
+def _md(rows, headers) -> str:
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def _speedup(r) -> str:
+    s = _fmt(r["speedup"], ".3f") + "x"
+    if r.get("speedup_ci_low") is not None and not pd.isna(r.get("speedup_ci_low")):
+        s += f" [{r['speedup_ci_low']:.3f}, {r['speedup_ci_high']:.3f}]"
+    return s
+
+
+def _positions(rates) -> str:
+    if not isinstance(rates, (list, tuple)) or not rates:
+        return "-"
+    return " ".join("-" if x is None else f"{x:.2f}" for x in rates)
+
+
+def _sigma(r) -> str:
+    return f"{_fmt(r['base_sigma_pct'], '.1f')}/{_fmt(r['decode_sigma_pct'], '.1f')}"
+
+
+def _order(df: pd.DataFrame) -> pd.DataFrame:
+    return df.sort_values(["method", "block_size", "kv"], na_position="first")
 
 
 def cell_table(df: pd.DataFrame) -> str:
-    """method x block size x kv for one arch: tok/s, paired speedup, tau, divergence."""
-    order = df.sort_values(["method", "block_size", "kv"], na_position="first")
+    """method x block size x kv for one arch: paired tok/s and speedup, acceptance, divergence."""
     rows = []
-    for _, r in order.iterrows():
+    for _, r in _order(df).iterrows():
         if r["status"] != "ok":
-            rows.append([r["method"], _fmt(r["block_size"], "d"), r["kv"], "-", "-", "-", "-", "-",
+            rows.append([r["method"], _fmt(r["block_size"], "d"), r["kv"], *["-"] * 8,
                          f"{r['status']}: {r['reason']}"])
             continue
         div = f"{int(r['diverged_prompts'])}/{int(r['prompts'])}"
         if r["diverged_prompts"]:
             div += f" (first at {int(r['earliest_divergence'])})"
         rows.append([r["method"], _fmt(r["block_size"], "d"), r["kv"], _fmt(r["base_decode_tps"], ".1f"),
-                     _fmt(r["decode_tps"], ".1f"), _fmt(r["speedup"], ".3f") + "x", _fmt(r["tau"], ".2f"),
-                     _fmt(r["acceptance_rate"], ".1%"), div])
-    headers = ["method", "block", "kv", "base tok/s", "tok/s", "speedup", "tau", "accept", "diverged"]
-    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+                     _fmt(r["decode_tps"], ".1f"), _speedup(r), _fmt(r["tau"], ".2f"),
+                     _fmt(r["acceptance_rate"], ".1%"), _positions(r["per_position_acceptance"]),
+                     _sigma(r), div])
+    headers = ["method", "block", "kv", "base tok/s", "tok/s", "speedup [95% CI]", "tau", "accept",
+               "accept by position", "sigma% base/method", "diverged"]
+    return _md(rows, headers)
 
 
 def arch_tables(df: pd.DataFrame) -> str:
     parts = []
     for arch, sub in df.groupby("arch", sort=True):
-        parts.append(f"### {arch}\n\n{cell_table(sub)}\n")
+        kinds = sorted({f"{a} {b}" for a, b in zip(sub["model_type"].fillna("?"), sub["dtype"].fillna("?"))})
+        parts.append(f"### {arch} ({', '.join(kinds)})\n\n{cell_table(sub)}\n")
     return "\n".join(parts)
+
+
+def profile_table(prof: pd.DataFrame) -> str:
+    if prof.empty:
+        return "_No profiled cells (bench.profile=false)._\n"
+    keys = ["arch", "method", "block_size", "kv"]
+    phases = [c for c in prof.columns if c not in keys + ["cell_id"]]
+    rows = []
+    for _, r in prof.sort_values(keys, na_position="first").iterrows():
+        vals = [r[p] for p in phases]
+        rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"],
+                     *[_fmt(v, ".3f") for v in vals], _fmt(sum(v for v in vals if not pd.isna(v)), ".3f")])
+    return _md(rows, keys[:2] + ["block", "kv"] + [f"{p} ms" for p in phases] + ["round ms"]) + "\n"
+
+
+def model_table(df: pd.DataFrame) -> str:
+    sub = df[(df["status"] == "ok") & df["verify_cost_ratio"].notna()]
+    if sub.empty:
+        return "_No drafting cells._\n"
+    rows = []
+    for _, r in _order(sub).iterrows():
+        rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"], _fmt(r["acceptance_rate"], ".3f"),
+                     _fmt(r["verify_cost_ratio"], ".2f"), _fmt(r["round_cost_ratio"], ".2f"),
+                     _fmt(r["predicted_speedup"], ".3f"), _fmt(r["speedup"], ".3f"),
+                     _fmt(r["break_even_acceptance"], ".1%") if r["break_even_acceptance"] is not None
+                     else "never"])
+    headers = ["arch", "method", "block", "kv", "acceptance a", "verify cost (x decode)", "round cost (x decode)",
+               "predicted", "measured", "break-even a"]
+    return _md(rows, headers) + "\n"
+
+
+def divergence_table(pr: pd.DataFrame) -> str:
+    if pr.empty or "first_divergence" not in pr or pr["first_divergence"].isna().all():
+        return "_No output left the base output._\n"
+    sub = pr[pr["first_divergence"].notna()]
+    rows = []
+    for _, r in sub.sort_values(["arch", "method", "block_size", "kv", "id"]).iterrows():
+        rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"], f"{r['id']}/{r['turn']}",
+                     int(r["first_divergence"]), _fmt(r["matched_fraction"], ".0%"),
+                     _fmt(r.get("divergence_reference_margin"), ".2e"),
+                     _fmt(r.get("divergence_method_token_rank"), ".0f")])
+    headers = ["arch", "method", "block", "kv", "prompt/turn", "first index", "matched",
+               "base top1-top2 margin", "method token rank in base"]
+    return _md(rows, headers) + "\n"

@@ -17,10 +17,19 @@ ARCHS = fixture_names()  # gemma4, gemma4_moe, llama, qwen35
 
 @pytest.fixture(scope="session")
 def models():
-    """name -> (model, tokenizer), loaded through mlx_lm.load like a real checkpoint."""
+    """name -> (model, tokenizer), loaded through mlx_lm.load like a real checkpoint and
+    cast to float32, where verify must match single-token decode exactly."""
+    import mlx.core as mx
     import mlx_lm
 
-    return {name: mlx_lm.load(str(fixture_dir(name))) for name in ARCHS}
+    from harness.models import cast_model
+
+    out = {}
+    for name in ARCHS:
+        model, tok = mlx_lm.load(str(fixture_dir(name)))
+        cast_model(model, mx.float32)
+        out[name] = (model, tok)
+    return out
 
 
 def method_cfg(block_size: int = 4, min_ngram: int = 1, max_ngram: int = 3):

@@ -39,7 +39,11 @@ def test_gemma_fixtures_have_sliding_windows_shorter_than_the_test_generations(m
     assert any(isinstance(m, SwitchGLU) for _, m in models["gemma4_moe"][0].named_modules())
 
 
-def test_fixture_build_is_deterministic(tmp_path):
+def test_fixture_init_and_build_are_deterministic(tmp_path):
+    from mlx.utils import tree_flatten
+
+    a, b = (dict(tree_flatten(fixtures.build_model("qwen35").parameters())) for _ in range(2))
+    assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
     digests = []
     for run in ("a", "b"):
         dest = tmp_path / run
@@ -47,6 +51,16 @@ def test_fixture_build_is_deterministic(tmp_path):
         digests.append({f: hashlib.sha256((dest / f).read_bytes()).hexdigest()
                         for f in ("model.safetensors", "tokenizer.json", "config.json")})
     assert digests[0] == digests[1]
+
+
+def test_shipped_weights_cover_every_parameter_of_the_seeded_model():
+    from mlx.utils import tree_flatten
+
+    for name in ARCHS:
+        shipped = mx.load(str(fixtures.SHIPPED_DIR / f"{name}.safetensors"))
+        init = dict(tree_flatten(fixtures.build_model(name).parameters()))
+        assert shipped.keys() == init.keys(), name
+        assert all(shipped[k].shape == init[k].shape for k in init), name
 
 
 def test_prompts_are_wrapped_in_the_fixture_chat_template(models):

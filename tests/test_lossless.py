@@ -69,8 +69,10 @@ def test_sampled_ngram_output_equals_base_sampling_with_the_same_seed(models, ar
     # position, so with per-position noise keys the outputs must coincide.
     model, tok = models[arch]
     ngram = Ngram(Target(model), method_cfg(block_size=4))
+    differs_from_greedy = 0
     for _, ids in list(_units(tok))[:6]:
-        want = generate_ids(base_engine(model), ids, NEW_TOKENS, temperature=0.8, seed=11).tokens
-        got = generate_ids(ngram, ids, NEW_TOKENS, temperature=0.8, seed=11).tokens
+        want = generate_ids(base_engine(model), ids, NEW_TOKENS, temperature=1.0, seed=11).tokens
+        got = generate_ids(ngram, ids, NEW_TOKENS, temperature=1.0, seed=11).tokens
         assert got == want
-        assert got != generate_ids(base_engine(model), ids, NEW_TOKENS).tokens, "sampling had no effect"
+        differs_from_greedy += got != generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+    assert differs_from_greedy >= 3, "sampling had too little effect for the test to mean anything"

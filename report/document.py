@@ -1,0 +1,85 @@
+"""The ADR-ready markdown document: setup, protocol, results, divergence, profile, model, plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from report import plots
+from report.frames import accept_hists, cells, profiles, prompts
+from report.tables import arch_tables, divergence_table, model_table, profile_table
+
+
+def _distinct(records, get) -> str:
+    values = sorted({str(get(rec)) for _, rec in records})
+    return ", ".join(values) if values else "-"
+
+
+def header(root: Path, records) -> str:
+    env = lambda k: _distinct(records, lambda r: r.get("env", {}).get(k))
+    bench = lambda k: _distinct(records, lambda r: r.get("cell", {}).get("bench", {}).get(k))
+    git = _distinct(records, lambda r: (r["env"]["git"]["sha"] or "?")[:12] + ("+dirty" if r["env"]["git"]["dirty"]
+                                                                             else ""))
+    return "\n".join([
+        f"# Speculative decoding report: `{root.name}`", "",
+        "## Setup", "",
+        f"- Hardware: {env('processor')}; device {env('device')}, backend {env('backend')}",
+        f"- BLAS: {env('blas_kind')} ({env('blas')})",
+        f"- Software: mlx {env('mlx')}, mlx-lm {env('mlx_lm')}, Python {env('python')}, {env('platform')}",
+        f"- Harness: git {git}; {len(records)} records, "
+        f"{_distinct(records, lambda r: r.get('started_at', '')[:10])}",
+        "",
+        "## Protocol", "",
+        f"- Prompts: suite {bench('suite')}, max_prompts {bench('max_prompts')}, "
+        f"categories {bench('categories')}; {bench('max_new_tokens')} new tokens per generation "
+        f"(EOS ignored: {bench('stop_at_eos')} = stop_at_eos), temperature {bench('temperature')}, seed {bench('seed')}",
+        f"- Each method cell runs its method arm and a base arm on the same prompts, interleaved "
+        f"(method, base, method, base ...), {bench('reps')} timed reps after {bench('warmup')} warm-up "
+        f"generation(s) per arm, cool-down {bench('cooldown_s')} s between reps.",
+        "- tok/s is decode throughput (tokens after the first / time after the prefill). The speedup is "
+        "the median over reps of method tok/s / base tok/s from the same rep; the 95% CI is a t-interval on "
+        "the log ratios; sigma% is the spread of each arm over reps.",
+        "- tau = tokens per target verify (accepted drafts + bonus; base = 1). Acceptance = accepted / "
+        "drafted tokens; by position: share of drafts at position i that were accepted.",
+        "- Profiles come from one extra generation per prompt with an mx.eval barrier after every phase; "
+        "they never feed tok/s.",
+        "",
+    ])
+
+
+def write(root: Path) -> tuple[Path, pd.DataFrame]:
+    """Write report.md, CSVs and PNGs into `root`; returns the markdown path and cell table."""
+    from harness.records import iter_records
+
+    records = list(iter_records(root))
+    df = cells(root, records)
+    pr = prompts(root, records)
+    prof = profiles(records)
+    hists = accept_hists(records)
+    df.to_csv(root / "report.csv", index=False)
+    pr.to_csv(root / "prompts.csv", index=False)
+    prof.to_csv(root / "profiles.csv", index=False)
+    pngs = [plots.speedup_vs_block(df, root / "speedup_vs_block.png"),
+            plots.tau_histograms(hists, root / "tau_histograms.png"),
+            plots.profile_bars(prof, root / "profile.png"),
+            plots.predicted_vs_measured(df, root / "predicted_vs_measured.png")]
+    doc = [header(root, records),
+           "## Results", "", arch_tables(df),
+           "## Divergence from base", "",
+           "Where an output leaves the base arm's output: the base run's top-1/top-2 logit margin at that "
+           "position (a margin at float-noise level is a numerical near-tie, a wide one a bug) and the rank "
+           "of the method's token among the base logits. Run `method=control` at the same block size to see "
+           "what the batched verify path alone does.", "",
+           divergence_table(pr),
+           "## Per-round profile (mean ms per round)", "", profile_table(prof),
+           "## Speedup model", "",
+           "Predicted = E(a) / c with E(a) = (1 - a^(K+1)) / (1 - a) tokens per round at the measured "
+           "acceptance a, and c = (verify over K+1 tokens + the other phases of a round) / one decode step, "
+           "from a calibration on the cell's first prompt and the profile. Break-even a: where E(a) = c.", "",
+           model_table(df),
+           "## Plots", "",
+           *[f"![{p.stem}]({p.name})" for p in pngs], ""]
+    md = root / "report.md"
+    md.write_text("\n".join(doc))
+    return md, df

@@ -1,0 +1,92 @@
+"""PNG plots for the report (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+
+def _label(r) -> str:
+    bs = "" if pd.isna(r["block_size"]) else f" b{int(r['block_size'])}"
+    return f"{r['arch']} {r['method']}{bs} {r['kv']}"
+
+
+def speedup_vs_block(df: pd.DataFrame, path: Path) -> Path:
+    ok = df[(df["status"] == "ok") & df["block_size"].notna()]
+    archs = sorted(df["arch"].unique())
+    fig, axes = plt.subplots(1, len(archs), figsize=(5 * len(archs), 4), squeeze=False)
+    for ax, arch in zip(axes[0], archs):
+        sub = ok[ok["arch"] == arch]
+        for (method, kv), g in sub.groupby(["method", "kv"]):
+            g = g.sort_values("block_size")
+            lo = (g["speedup"] - g["speedup_ci_low"].fillna(g["speedup"])).clip(lower=0)
+            hi = (g["speedup_ci_high"].fillna(g["speedup"]) - g["speedup"]).clip(lower=0)
+            ax.errorbar(g["block_size"].astype(int), g["speedup"], yerr=[lo, hi], marker="o", capsize=3,
+                        label=f"{method} ({kv})")
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set(title=arch, xlabel="block size (K + 1)", ylabel="speedup vs base (paired)")
+        if len(sub):
+            ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def tau_histograms(hists: pd.DataFrame, path: Path) -> Path:
+    groups = list(hists.groupby(["arch", "method", "block_size", "kv"], dropna=False)) if len(hists) else []
+    n = max(len(groups), 1)
+    cols = min(n, 4)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.5 * cols, 2.8 * rows), squeeze=False)
+    for ax, ((arch, method, bs, kv), g) in zip(axes.flat, groups):
+        frac = g["rounds"] / max(g["rounds"].sum(), 1)
+        ax.bar(g["accepted"], frac)
+        bs = "" if pd.isna(bs) else f" b{int(bs)}"
+        ax.set(title=f"{arch} {method}{bs} {kv}", xlabel="drafts accepted per round", ylabel="share of rounds")
+        ax.title.set_fontsize(8)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.axis("off")
+    if not groups:
+        axes[0][0].text(0.5, 0.5, "no drafting cells", ha="center", va="center")
+    return _save(fig, path)
+
+
+def profile_bars(prof: pd.DataFrame, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(prof) + 2), 4.5))
+    if len(prof):
+        phases = [c for c in prof.columns if c not in ("arch", "method", "block_size", "kv", "cell_id")]
+        labels = [_label(r) for _, r in prof.iterrows()]
+        bottom = pd.Series(0.0, index=prof.index)
+        for p in phases:
+            vals = prof[p].fillna(0.0)
+            ax.bar(labels, vals, bottom=bottom, label=p)
+            bottom += vals
+        ax.legend(fontsize=8)
+        ax.tick_params(axis="x", rotation=60, labelsize=7)
+    ax.set(ylabel="ms per round (profiled pass)", title="per-round phase profile")
+    return _save(fig, path)
+
+
+def predicted_vs_measured(df: pd.DataFrame, path: Path) -> Path:
+    ok = df[(df["status"] == "ok") & df["predicted_speedup"].notna()]
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for method, g in ok.groupby("method"):
+        ax.scatter(g["predicted_speedup"].astype(float), g["speedup"].astype(float), label=method)
+    values = pd.concat([ok["predicted_speedup"], ok["speedup"]]).astype(float)
+    top = max(1.5, values.max() * 1.1) if len(values) else 1.5
+    ax.plot([0, top], [0, top], color="grey", lw=0.8, ls="--")
+    ax.set(xlim=(0, top), ylim=(0, top), xlabel="predicted speedup (cost model)", ylabel="measured speedup",
+           title="speedup model vs measurement")
+    if len(ok):
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
