@@ -12,7 +12,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from harness.config import GROUPS, Config, ConfigError, conf_dir, group_options, register_configs
+from harness.config import GROUPS, OPTION_GROUPS, Config, ConfigError, conf_dir, group_options, register_configs
 
 
 def check_overrides(args: list[str]) -> None:
@@ -24,13 +24,14 @@ def check_overrides(args: list[str]) -> None:
     except Exception:  # noqa: BLE001 -- malformed syntax: Hydra's own message is the useful one
         return
     top = {f.name for f in dataclasses.fields(Config)}
+    extra = _search_dirs(overrides)
     for o in overrides:
         key = o.key_or_group
-        if key.startswith("hydra") or o.is_delete():
+        if key.startswith("hydra") or o.is_delete() or key.startswith("gate."):
             continue
-        if key in GROUPS or key == "sweep":
+        if key in GROUPS or key in OPTION_GROUPS:
             values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
-            options = group_options(key)
+            options = sorted(set(group_options(key)) | {p.stem for d in extra for p in (d / key).glob("*.yaml")})
             for v in values:
                 if str(v) not in options:
                     raise ConfigError(f"unknown {key} {v!r}; available: {', '.join(options)} "
@@ -42,14 +43,27 @@ def check_overrides(args: list[str]) -> None:
                 raise ConfigError(f"unknown key {key!r}; {group} has: {', '.join(valid)}")
         elif key not in top:
             raise ConfigError(f"unknown key {key!r}; top-level keys: {', '.join(sorted(top))}, "
-                              f"groups: {', '.join(GROUPS)}, sweep")
+                              f"groups: {', '.join([*GROUPS, *OPTION_GROUPS])}")
+
+
+def _search_dirs(overrides) -> list:
+    # Config dirs added with hydra.searchpath=[file://...] also hold group options.
+    from pathlib import Path
+
+    for o in overrides:
+        if o.key_or_group == "hydra.searchpath":
+            return [Path(str(p)[len("file://"):]) for p in o.value() if str(p).startswith("file://")]
+    return []
 
 
 @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
+    from harness.gate import run_gate
     from harness.run import run_cell
 
     try:
+        if cfg.gate is not None:
+            sys.exit(run_gate(cfg))
         run_cell(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

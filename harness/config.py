@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -61,6 +61,20 @@ class KVConfig:
 
 
 @dataclass
+class GateCheck:
+    name: str = MISSING  # what the check claims, shown in the gate table
+    overrides: List[str] = field(default_factory=list)  # the cell, as command-line overrides
+    min: Dict[str, float] = field(default_factory=dict)  # record summary metric -> lowest passing value
+    max: Dict[str, float] = field(default_factory=dict)  # record summary metric -> highest passing value
+
+
+@dataclass
+class GateConfig:
+    name: str = MISSING
+    checks: List[GateCheck] = field(default_factory=list)
+
+
+@dataclass
 class Config:
     arch: ArchConfig = MISSING
     method: MethodConfig = MISSING
@@ -69,9 +83,11 @@ class Config:
     rollback: str = "capture"  # recurrent-state rollback: capture | replay (engines/cache.py)
     out_dir: str = "results/default"
     force: bool = False  # re-run cells whose record already exists
+    gate: Optional[GateConfig] = None  # set by +gate=<name>: run its checks, exit 1 if any falls short
 
 
 GROUPS = {"arch": ArchConfig, "method": MethodConfig, "bench": BenchConfig, "kv": KVConfig}
+OPTION_GROUPS = ("sweep", "gate")  # groups that are whole experiments, added with +<group>=<name>
 
 
 def register_configs() -> None:

@@ -110,7 +110,7 @@ def divergence_margin(target: Target, ids: list[int], reference: list[int], toke
 
 
 def calibrate(target: Target, ids: list[int], block: int, n: int = 5) -> dict:
-    """Target cost of one decode step and of one verify over `block` tokens (ms, medians)."""
+    """Target cost of a verify over 1..block tokens at this context (ms, medians of n)."""
     target.prefill(ids)
     mx.eval([c.state for c in target.cache])
     pending = ids[-1]
@@ -123,10 +123,10 @@ def calibrate(target: Target, ids: list[int], block: int, n: int = 5) -> dict:
         mx.eval([c.state for c in target.cache])
         return dt * 1e3
 
-    decode = statistics.median(once([pending]) for _ in range(n))
-    verify = statistics.median(once([pending] * block) for _ in range(n)) if block > 1 else decode
-    return {"context": len(ids), "block": block, "decode_ms": decode, "verify_ms": verify,
-            "verify_cost_ratio": verify / decode}
+    verify = {t: statistics.median(once([pending] * t) for _ in range(n)) for t in range(1, block + 1)}
+    return {"context": len(ids), "block": block, "decode_ms": verify[1], "verify_ms": verify[block],
+            "verify_ms_by_tokens": {str(t): ms for t, ms in verify.items()},
+            "verify_cost_ratio": verify[block] / verify[1]}
 
 
 def _round_table(gen: Generation) -> dict:
@@ -256,18 +256,24 @@ def phase_means(items: list[dict]) -> dict[str, float]:
 
 
 def speedup_model(items: list[dict], summary: dict, calibration: dict | None, block: int) -> dict | None:
-    """Predicted speedup from component costs and the measured acceptance rate (see harness/stats)."""
+    """Predicted speedup from component costs and the measured acceptance rate (harness/stats)."""
     if calibration is None or block < 2:
         return None
     phases = phase_means(items)
-    k = block - 1
     a = summary["acceptance_rate"] or 0.0
-    overhead = sum(ms for p, ms in phases.items() if p not in MODEL_PHASES) if phases else None
-    out = {"k": k, "acceptance": a, "expected_tokens": stats.expected_tokens(a, k),
-           "verify_cost_ratio": calibration["verify_cost_ratio"], "overhead_ms": overhead}
-    if overhead is None:
-        return out  # without a profile the drafter's cost is unknown
-    cost = (calibration["verify_ms"] + overhead) / calibration["decode_ms"]
-    out.update({"round_cost_ratio": cost, "predicted_speedup": out["expected_tokens"] / cost,
-                "break_even_acceptance": stats.break_even_acceptance(cost, k)})
+    out = {"k": block - 1, "acceptance": a, "expected_tokens": stats.expected_tokens(a, block - 1),
+           "verify_cost_ratio": calibration["verify_cost_ratio"]}
+    if not phases:
+        return out  # without a profile the cost of drafting is unknown
+    overhead = sum(ms for p, ms in phases.items() if p not in MODEL_PHASES)
+    decode = calibration["decode_ms"]
+    verify = {int(t): ms for t, ms in calibration["verify_ms_by_tokens"].items()}
+    counts: dict[int, int] = {}
+    for i in items:
+        for k in i["rounds_detail"]["drafted"]:
+            counts[k] = counts.get(k, 0) + 1
+    mix = stats.RoundMix(counts, {k: (verify[min(k + 1, block)] + overhead) / decode for k in counts})
+    out.update({"overhead_ms": overhead, "round_cost_ratio": mix.total_cost() / sum(counts.values()),
+                "drafted_rounds": {str(k): n for k, n in sorted(counts.items())},
+                "predicted_speedup": mix.predicted_speedup(a), "break_even_acceptance": mix.break_even_acceptance()})
     return out

@@ -43,6 +43,8 @@ def cell_id(cell: dict) -> str:
 def write_record(path: Path, record: dict) -> None:
     """Write `record` to `path` so that readers see the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.stem}.*.tmp"):  # left by a run killed mid-write
+        stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
     try:
         umask = os.umask(0)

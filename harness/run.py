@@ -22,6 +22,7 @@ from harness.config import ConfigError, validate
 from harness.env import environment
 from harness.measure import Arms, measure_cell
 from harness.models import has_moe, load_target, model_dtype, resolve_model
+from harness.progress import PROGRESS
 from harness.prompts import load_suite
 from harness.records import SCHEMA_VERSION, canonical_cell, cell_id, read_record, write_record
 
@@ -40,18 +41,21 @@ def run_cell(cfg) -> Path | None:
     cell = canonical_cell(cfg)
     cid = cell_id(cell)
     path = Path(cfg.out_dir) / f"{cid}.json"
+    head = PROGRESS.begin_job()
     if cid in _DONE_THIS_PROCESS:
-        log(f"skip {cid}: same cell as an earlier job ({cfg.method.name} ignores the axis that differs)")
+        log(f"{head} skip {cid}: same cell as an earlier job ({cfg.method.name} ignores the axis that differs)")
         return path
     _DONE_THIS_PROCESS.add(cid)
     old = read_record(path)
     if old and old.get("status") == "ok" and not cfg.force:
-        log(f"skip {cid}: already recorded in {path} (force=true re-runs it)")
+        log(f"{head} skip {cid}: already recorded in {path} (force=true re-runs it)")
         return path
     turns = sum(len(p.turns) for p in prompts)
-    log(f"cell {cid}: {len(prompts)} prompts ({turns} turns), {cfg.bench.max_new_tokens} new tokens each")
+    log(f"{head} {cid}: {len(prompts)} prompts ({turns} turns), {cfg.bench.max_new_tokens} new tokens each")
+    t0 = time.perf_counter()
     record = _measure(cfg, cell, cid, prompts)
     write_record(path, record)
+    PROGRESS.measured_cell(time.perf_counter() - t0)
     log(f"  -> {record['status']}: {_headline(record)}  [{path}]")
     return path
 

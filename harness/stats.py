@@ -7,9 +7,11 @@ confidence interval is a t-interval on log r_i (ratios are multiplicative, so th
 logs are the scale on which noise is symmetric), deterministic and reproducible.
 
 Speedup model (Leviathan et al. 2023): with per-token acceptance rate a and K drafts,
-a round yields E = (1 - a^(K+1)) / (1 - a) tokens on average. A round costs
-c = (draft + verify + accept + rollback) / (one decode step), so the predicted
-speedup is tau / c, and the method breaks even where E(a) = c.
+a round yields E(a, K) = (1 - a^(K+1)) / (1 - a) tokens on average and costs
+c_K = (verify over K+1 tokens + the round's other phases) / (one decode step). Methods
+whose drafts vary in length (n-gram proposes nothing without a match) are a mixture
+of rounds: predicted speedup = sum E(a, K_r) / sum c_(K_r) over the rounds r, and
+the method breaks even at the a where the two sums are equal.
 """
 
 from __future__ import annotations
@@ -74,20 +76,37 @@ def expected_tokens(a: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+@dataclass
+class RoundMix:
+    """How many rounds drafted each K, and what a round of each K costs in decode steps."""
+
+    counts: dict[int, int]  # K -> rounds
+    cost: dict[int, float]  # K -> c_K
+
+    def tokens(self, a: float) -> float:
+        return sum(n * expected_tokens(a, k) for k, n in self.counts.items())
+
+    def total_cost(self) -> float:
+        return sum(n * self.cost[k] for k, n in self.counts.items())
+
+    def predicted_speedup(self, a: float) -> float:
+        return self.tokens(a) / self.total_cost()
+
+    def break_even_acceptance(self) -> float | None:
+        """Acceptance rate a at which the mixture is exactly as fast as base decoding;
+        0 if it is never slower, None if even a = 1 cannot pay for its rounds."""
+        target = self.total_cost()
+        if self.tokens(0.0) >= target:
+            return 0.0
+        if self.tokens(1.0) < target:
+            return None
+        lo, hi = 0.0, 1.0
+        for _ in range(60):  # tokens(a) increases with a: bisection to ~1e-18
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.tokens(mid) < target else (lo, mid)
+        return (lo + hi) / 2
+
+
 def break_even_acceptance(cost_ratio: float, k: int) -> float | None:
-    """Acceptance rate a where expected_tokens(a, k) == cost_ratio, i.e. where the
-    method is as fast as base; None if even a = 1 cannot pay for the round."""
-    if cost_ratio <= 1.0:
-        return 0.0
-    if expected_tokens(1.0, k) < cost_ratio:
-        return None
-    lo, hi = 0.0, 1.0
-    for _ in range(60):  # expected_tokens is increasing in a: bisection to ~1e-18
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if expected_tokens(mid, k) < cost_ratio else (lo, mid)
-    return (lo + hi) / 2
-
-
-def predicted_speedup(tau: float, round_ms: float, decode_ms: float) -> float:
-    """Tokens per round over the round's cost in decode steps."""
-    return tau / (round_ms / decode_ms)
+    """Acceptance rate a where K=k drafts per round pay for a round costing cost_ratio decode steps."""
+    return RoundMix({k: 1}, {k: cost_ratio}).break_even_acceptance()

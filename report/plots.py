@@ -29,6 +29,8 @@ def speedup_vs_block(df: pd.DataFrame, path: Path) -> Path:
             ax.errorbar(g["block_size"].astype(int), g["speedup"], yerr=[lo, hi], marker="o", capsize=3,
                         label=f"{method} ({kv})")
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        if len(sub):
+            ax.set_xticks(sorted(sub["block_size"].astype(int).unique()))
         ax.set(title=arch, xlabel="block size (K + 1)", ylabel="speedup vs base (paired)")
         if len(sub):
             ax.legend(fontsize=8)

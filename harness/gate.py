@@ -1,0 +1,63 @@
+"""Performance gates: `python -m harness +gate=<name>` runs a gate file's checks.
+
+A gate file (conf/gate/<name>.yaml) lists checks; each names a cell as overrides and
+bounds on metrics of that cell's record summary (`min`: metric >= value, `max`:
+metric <= value). Every cell is measured like any other (paired with base, records
+written to out_dir, resumable); the gate then prints one table row per bound and
+returns 1 if any bound is not met or a cell did not run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
+from tabulate import tabulate
+
+from harness.config import ConfigError
+from harness.records import read_record
+from harness.run import run_cell
+
+
+def _cell_config(cfg, check):
+    # The command line (minus the gate itself) applies to every check, then the check's own overrides.
+    task = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith("gate")]
+    try:
+        return compose(config_name="config", overrides=[*task, *check.overrides, f"out_dir={cfg.out_dir}"])
+    except Exception as e:  # noqa: BLE001 -- Hydra's errors are multi-line; name the check instead
+        raise ConfigError(f"gate check {check.name!r} has bad overrides {list(check.overrides)}: "
+                          f"{str(e).splitlines()[0]}") from None
+
+
+def evaluate(check, record: dict | None) -> list[list]:
+    """Table rows [check, metric, bound, value, verdict] for one check's record."""
+    if record is None or record.get("status") != "ok":
+        why = "no record" if record is None else f"{record['status']}: {record.get('reason')}"
+        return [[check.name, "cell", "runs", why, "FAIL"]]
+    summary = record["summary"]
+    rows = []
+    for op, bounds in ((">=", check.min), ("<=", check.max)):
+        for metric, bound in bounds.items():
+            value = summary.get(metric)
+            ok = value is not None and (value >= bound if op == ">=" else value <= bound)
+            shown = "missing" if value is None else f"{value:.4g}"
+            rows.append([check.name, metric, f"{op} {bound:g}", shown, "pass" if ok else "FAIL"])
+    return rows
+
+
+def run_gate(cfg) -> int:
+    """Run every check of cfg.gate; print the table; 0 if all pass, else 1."""
+    rows = []
+    for i, check in enumerate(cfg.gate.checks, 1):
+        print(f"gate {cfg.gate.name}: check {i}/{len(cfg.gate.checks)} {check.name}", file=sys.stderr, flush=True)
+        path = run_cell(_cell_config(cfg, check))
+        rows += evaluate(check, read_record(Path(path)) if path else None)
+    failed = [r for r in rows if r[-1] == "FAIL"]
+    print(tabulate(rows, headers=["check", "metric", "bound", "value", "verdict"], tablefmt="github"))
+    if failed:
+        print(f"gate {cfg.gate.name}: {len(failed)} of {len(rows)} bounds fell short", file=sys.stderr)
+        return 1
+    print(f"gate {cfg.gate.name}: all {len(rows)} bounds met", file=sys.stderr)
+    return 0

@@ -1,0 +1,77 @@
+"""Report documents and plots, perf gates, and resuming interrupted sweeps."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import matplotlib.image as mpimg
+
+from tests.test_cli import QUICK, REPO, harness, records
+
+GATE = """# @package _global_
+gate:
+  name: impossible
+  checks:
+    - name: llama n-gram must be 1000x faster
+      overrides: [arch=llama, method=ngram, method.block_size=3, bench.max_prompts=1]
+      min: {speedup: 1000.0, tau: 1.0}
+"""
+
+
+def test_report_writes_markdown_csv_and_sane_pngs(tmp_path):
+    out = tmp_path / "run"
+    for args in (["arch=llama", "method=ngram", "method.block_size=3"],
+                 ["arch=llama", "method=ngram", "method.block_size=5"],
+                 ["arch=llama", "method=control", "method.block_size=3"]):
+        assert harness(*args, *QUICK, "bench.reps=2", f"out_dir={out}").returncode == 0
+    rep = subprocess.run([sys.executable, "-m", "report", str(out)], cwd=REPO, capture_output=True, text=True)
+    assert rep.returncode == 0, rep.stderr
+    md = (out / "report.md").read_text()
+    for section in ("## Setup", "## Protocol", "## Results", "### llama", "## Divergence from base",
+                    "## Per-round profile", "## Speedup model", "## Plots"):
+        assert section in md
+    assert "speedup [95% CI]" in md and "break-even a" in md
+    for name in ("speedup_vs_block", "tau_histograms", "profile", "predicted_vs_measured"):
+        img = mpimg.imread(out / f"{name}.png")
+        h, w = img.shape[:2]
+        assert 200 <= h <= 4000 and 200 <= w <= 6000, (name, img.shape)
+        assert img.std() > 0.01, f"{name}.png is blank"
+        assert f"({name}.png)" in md
+    for csv in ("report.csv", "prompts.csv", "profiles.csv"):
+        assert (out / csv).stat().st_size > 100
+
+
+def test_an_impossible_gate_exits_nonzero_with_a_readable_table(tmp_path):
+    (tmp_path / "gate").mkdir()
+    (tmp_path / "gate" / "impossible.yaml").write_text(GATE)
+    r = harness(f"hydra.searchpath=[file://{tmp_path}]", "+gate=impossible", *QUICK, f"out_dir={tmp_path / 'o'}")
+    assert r.returncode == 1, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| llama n-gram")]
+    assert len(rows) == 2
+    speed = next(row for row in rows if "speedup" in row)
+    assert ">= 1000" in speed and "FAIL" in speed
+    assert "pass" in next(row for row in rows if "tau" in row)
+    assert "1 of 2 bounds fell short" in r.stderr
+
+
+def test_an_interrupted_sweep_resumes_with_only_the_missing_cells(tmp_path):
+    out = tmp_path / "sweep"
+    args = [sys.executable, "-m", "harness", "+sweep=qwen35", *QUICK, f"out_dir={out}"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(out.glob("*.json"))) < 2:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # the harshest interruption: no cleanup at all
+    proc.wait()
+    done = {p.name for p in out.glob("*.json")}
+    assert 2 <= len(done) < 6, "the sweep was not interrupted midway"
+    for p in done:  # whatever the kill hit, every visible record is complete
+        assert json.loads((out / p).read_text())["status"] == "ok"
+    again = harness("+sweep=qwen35", *QUICK, f"out_dir={out}")
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("already recorded") == len(done)
+    assert again.stderr.count(" -> ok") == 6 - len(done)
+    assert len(records(out)) == 6
+    assert not list(out.glob(".*.tmp"))
