@@ -31,6 +31,10 @@ class Unsupported(Exception):
     """This method cannot run on this model/config; the message says why."""
 
 
+class DrafterError(ValueError):
+    """A drafter checkpoint does not fit its target (the message says which field or tensor)."""
+
+
 @dataclass
 class Draft:
     """A proposed continuation.
@@ -76,6 +80,7 @@ class Engine:
     def __init__(self, target: Target, cfg):
         self.target, self.cfg = target, cfg
         self.prof = NullProfiler()
+        self.sampler = None  # set by the loop before prefill (temperature, seeded streams)
 
     def prefill(self, prompt: list[int]) -> mx.array:
         return self.target.prefill(prompt)
@@ -134,4 +139,5 @@ def _load_builtin() -> None:
     # Importing the modules runs their @register decorators.
     import engines.autoregressive  # noqa: F401
     import engines.control  # noqa: F401
+    import engines.dflash  # noqa: F401
     import engines.ngram  # noqa: F401

@@ -10,6 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engines.cache import Rollback, make_cache
+from engines.hidden import capture_hidden
 
 PREFILL_CHUNK = 2048
 
@@ -22,9 +23,12 @@ class Target:
     first n_keep tokens of the last verify.
     """
 
-    def __init__(self, model: nn.Module, kv: str = "native", rollback: str = "capture", kv_group_size: int = 64):
+    def __init__(self, model: nn.Module, kv: str = "native", rollback: str = "capture", kv_group_size: int = 64,
+                 hidden_layers: tuple[int, ...] = ()):
         self.model = model
         self.kv, self.kv_group_size, self.strategy = kv, kv_group_size, rollback
+        self.hidden_layers = tuple(hidden_layers)  # layer outputs to keep from every forward
+        self.hidden: mx.array | None = None  # [1, T, len(hidden_layers) * H] of the last forward
         self.reset()
 
     def reset(self) -> None:
@@ -38,7 +42,13 @@ class Target:
 
     def _feed(self, tokens: list[int]) -> mx.array:
         # [T] token ids -> [1, T, V] logits; caches advance, offset bookkeeping is the caller's.
-        return self.model(mx.array(tokens, dtype=mx.int32)[None], cache=self.cache)
+        inputs = mx.array(tokens, dtype=mx.int32)[None]
+        if not self.hidden_layers:
+            return self.model(inputs, cache=self.cache)
+        with capture_hidden(self.model, self.hidden_layers) as sink:
+            logits = self.model(inputs, cache=self.cache)
+        self.hidden = mx.concatenate(sink, axis=-1)  # [1, T, n * H]
+        return logits
 
     def forward(self, tokens: list[int]) -> mx.array:
         """Feed `tokens` at the current offset; logits [T, V]."""
@@ -49,11 +59,20 @@ class Target:
         """Fresh cache, feed the prompt (in chunks); logits [V] at its last position."""
         assert prompt, "prefill needs at least one prompt token"
         self.reset()
-        starts = range(0, len(prompt), PREFILL_CHUNK)
+        return self.forward_chunked(prompt)[-1]
+
+    def forward_chunked(self, tokens: list[int]) -> mx.array:
+        """forward() in chunks of PREFILL_CHUNK; logits [T_last_chunk, V], hidden for all T."""
+        starts = range(0, len(tokens), PREFILL_CHUNK)
+        hidden = []
         for s in starts[:-1]:
-            self.forward(prompt[s: s + PREFILL_CHUNK])
-            mx.eval([c.state for c in self.cache])  # bound the lazy graph of long prompts
-        return self.forward(prompt[starts[-1]:])[-1]
+            self.forward(tokens[s: s + PREFILL_CHUNK])
+            hidden.append(self.hidden)
+            mx.eval([c.state for c in self.cache], hidden)  # bound the lazy graph of long prompts
+        logits = self.forward(tokens[starts[-1]:])
+        if self.hidden_layers and hidden:
+            self.hidden = mx.concatenate([*hidden, self.hidden], axis=1)
+        return logits
 
     def verify(self, tokens: list[int]) -> mx.array:
         """Feed `tokens` in one forward so commit() can keep any prefix; logits [T, V]."""

@@ -32,8 +32,10 @@ class ArchConfig:
 
 @dataclass
 class MethodConfig:
-    name: str = MISSING  # a registered engine: base, ngram, control
-    block_size: Optional[int] = None  # tokens verified per round = K drafts + 1; base ignores it
+    name: str = MISSING  # a registered engine: base, ngram, control, dflash_a, dflash_c
+    block_size: Optional[int] = None  # tokens verified per round = K drafts + 1; base ignores it;
+    #                                   dflash: null = the drafter's own block_size
+    drafter: Optional[str] = None  # dflash: drafter dir or fixture:<name>; null = the fixture arch's own
     min_ngram: int = 1  # ngram: shortest suffix n-gram to match
     max_ngram: int = 3  # ngram: longest suffix n-gram to match (tried first)
 
@@ -81,6 +83,7 @@ class Config:
     bench: BenchConfig = field(default_factory=BenchConfig)
     kv: KVConfig = field(default_factory=KVConfig)
     rollback: str = "capture"  # recurrent-state rollback: capture | replay (engines/cache.py)
+    reference: str = "base"  # the arm every method run is paired with (e.g. dflash_c to time dflash_a against it)
     out_dir: str = "results/default"
     force: bool = False  # re-run cells whose record already exists
     gate: Optional[GateConfig] = None  # set by +gate=<name>: run its checks, exit 1 if any falls short
@@ -117,7 +120,9 @@ def validate(cfg) -> None:
         raise ConfigError(f"{e.args[0]} (choose with method=<name>)") from None
     if "block_size" in engine.knobs:
         bs = cfg.method.block_size
-        if not isinstance(bs, int) or bs < 2:
+        if bs is None and "drafter" in engine.knobs:
+            pass  # the drafter's own block size
+        elif not isinstance(bs, int) or bs < 2:
             raise ConfigError(f"method.block_size={bs!r} is not valid for {cfg.method.name}: it is the number of "
                               "tokens verified per round (drafts + 1) and must be an integer >= 2")
     if "min_ngram" in engine.knobs:
@@ -128,6 +133,10 @@ def validate(cfg) -> None:
     _one_of("kv.name", cfg.kv.name, KV_DTYPES)
     _one_of("kv.group_size", cfg.kv.group_size, (32, 64, 128))
     _one_of("rollback", cfg.rollback, ROLLBACKS)
+    try:
+        get_engine(cfg.reference)
+    except KeyError as e:
+        raise ConfigError(f"reference: {e.args[0]}") from None
     b = cfg.bench
     for key, low in (("max_new_tokens", 1), ("reps", 1), ("warmup", 0), ("seed", 0), ("cooldown_s", 0)):
         if getattr(b, key) < low:
@@ -142,3 +151,25 @@ def knobs_of(method_name: str) -> tuple[str, ...]:
     from engines.base import get_engine
 
     return get_engine(method_name).knobs
+
+
+def resolve_drafter(cfg, kind: str) -> str:
+    """The drafter directory for a drafting method: method.drafter, or the fixture's own."""
+    from harness import fixtures
+
+    spec = cfg.method.drafter
+    if spec is None:
+        if not cfg.arch.model.startswith("fixture:"):
+            raise ConfigError(f"method.drafter is required for {cfg.method.name} on {cfg.arch.model}: pass "
+                              f"method.drafter=<{kind} drafter dir> (a local checkpoint in its own layout)")
+        spec = "fixture:" + cfg.arch.model.split(":", 1)[1]
+    if spec.startswith("fixture:"):
+        try:
+            return str(fixtures.drafter_dir(kind, spec.split(":", 1)[1]))
+        except KeyError as e:
+            raise ConfigError(f"method.drafter={spec}: {e.args[0]}") from None
+    path = Path(spec).expanduser()
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"method.drafter={path} is not a drafter directory (no config.json); "
+                          f"pass the directory of a {kind} checkpoint")
+    return str(path)

@@ -77,6 +77,16 @@ FIXTURES: dict[str, dict] = {
 }
 
 
+# DFlash drafters for the fixtures (z-lab layout): 2 layers conditioned on target
+# layers 1 and 3, block 8, the tokenizer's <|mask|> as mask token.
+MASK_TOKEN_ID = SPECIAL_TOKENS.index("<|mask|>")
+DFLASH = {name: {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "head_dim": 32, "intermediate_size": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                 "max_position_embeddings": 4096, "block_size": 8, "num_target_layers": FIXTURES[name]["num_hidden_layers"],
+                 "dflash_config": {"target_layer_ids": [1, 3], "mask_token_id": MASK_TOKEN_ID}}
+          for name in FIXTURES}
+
+
 def fixture_names() -> list[str]:
     return sorted(FIXTURES)
 
@@ -106,12 +116,34 @@ def fixture_dir(name: str) -> Path:
     return dest
 
 
-def _build_atomically(name: str, dest: Path) -> None:
+def drafter_dir(kind: str, name: str) -> Path:
+    """Path of the fixture drafter `kind` (dflash) for fixture `name`, assembled on first use."""
+    specs = {"dflash": DFLASH}
+    if kind not in specs or name not in specs[kind]:
+        raise KeyError(f"no {kind} drafter for fixture {name!r}; available: "
+                       f"{', '.join(f'{k}:{n}' for k, v in specs.items() for n in v)}")
+    weights = SHIPPED_DIR / f"{name}.{kind}.safetensors"
+    blob = json.dumps({"spec": specs[kind][name], "weights": _file_hash(weights)}, sort_keys=True)
+    dest = home() / "fixtures" / f"{name}.{kind}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+    if not (dest / "config.json").exists():
+        _build_atomically(f"{name}.{kind}", dest, lambda tmp: _write_drafter(specs[kind][name], weights, tmp))
+    return dest
+
+
+def _write_drafter(spec: dict, weights: Path, dest: Path) -> None:
+    if not weights.exists():
+        raise FileNotFoundError(f"{weights} is missing; create it with `python -m harness.train_fixtures`")
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"], **spec}, indent=2))
+    shutil.copyfile(weights, dest / "model.safetensors")
+
+
+def _build_atomically(name: str, dest: Path, build=None) -> None:
     # Build in a sibling temp dir and rename: a crash never leaves half a checkpoint.
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
     try:
-        build_checkpoint(name, tmp)
+        (build or (lambda d: build_checkpoint(name, d)))(tmp)
         try:
             tmp.rename(dest)
         except OSError:

@@ -15,7 +15,7 @@ from typing import Iterator
 import mlx.core as mx
 
 from engines.base import Engine, NullProfiler
-from engines.sampling import Sampler, accept_deterministic
+from engines.sampling import Sampler, accept_deterministic, accept_speculative
 
 
 class Profiler:
@@ -57,6 +57,7 @@ def generate(engine: Engine, prompt: list[int], max_new_tokens: int, sampler: Sa
     assert max_new_tokens >= 1, "max_new_tokens must be >= 1"
     prof = Profiler() if profile else None
     engine.prof = prof or NullProfiler()
+    engine.sampler = sampler  # drafters that sample their drafts draw from its keyed streams
     t0 = time.perf_counter()
     logits = engine.prefill(prompt)
     token = sampler.choose(logits[None], 0).item()
@@ -91,10 +92,10 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
     logits = engine.verify(history[-1], draft)  # [K+1, V]
     if prof:
         prof.mark("verify", logits)
-    assert draft.q is None or sampler.temperature == 0, \
-        f"{engine.name} drafts with probabilities; sampled acceptance for them is not implemented yet"
-    choices = sampler.choose(logits, pos).tolist()
-    n, bonus = accept_deterministic(draft, choices)
+    if draft.q is not None and sampler.temperature > 0 and draft.tokens:
+        n, bonus = accept_speculative(draft, logits, sampler, pos)
+    else:
+        n, bonus = accept_deterministic(draft, sampler.choose(logits, pos).tolist())
     if prof:
         prof.mark("accept")
     engine.rollback(n, draft)

@@ -129,6 +129,21 @@ def calibrate(target: Target, ids: list[int], block: int, n: int = 5) -> dict:
             "verify_cost_ratio": verify[block] / verify[1]}
 
 
+def context_scaling(engine: Engine, ids: list[int], sampler: Sampler, new_tokens: int = 16) -> dict:
+    """Mean verify ms per round at the prompt's context and at a 4x longer one (profiled runs).
+
+    Incremental verify (most methods) should stay flat; a method that re-reads the
+    whole context every round (dflash_c) grows with it."""
+    out = {}
+    for label, context in (("short", ids), ("long", (ids * 4)[: max(4 * len(ids), 64)])):
+        gen = run_generation(engine, context, new_tokens, sampler, profile=True)
+        verify = [r.phases["verify"] for r in gen.rounds if r.phases]
+        out[label] = {"context": len(context), "verify_ms": 1e3 * statistics.mean(verify) if verify else None}
+    if out["short"]["verify_ms"] and out["long"]["verify_ms"]:
+        out["growth"] = out["long"]["verify_ms"] / out["short"]["verify_ms"]
+    return out
+
+
 def _round_table(gen: Generation) -> dict:
     # Column-oriented per-round arrays: compact in JSON, direct to a DataFrame.
     table = {"drafted": [r.drafted for r in gen.rounds], "accepted": [r.accepted for r in gen.rounds],
@@ -143,7 +158,8 @@ def _round_table(gen: Generation) -> dict:
 @dataclass
 class Arms:
     method: Engine
-    base: Engine | None  # None when the method is base itself
+    base: Engine | None  # the reference arm (base decoding unless cfg.reference says otherwise); None if
+    #                      the method is the reference itself
     block: int = 1  # tokens the method verifies per full round (K + 1)
 
 
@@ -164,6 +180,8 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
                 if arms.base:
                     run(arms.base)
             calibration = calibrate(arms.method.target, ids, arms.block)
+            if arms.block > 1:
+                calibration["context_scaling"] = context_scaling(arms.method, ids, sampler)
         gm, gb = [], []
         for r in range(bench.reps):
             if r and bench.cooldown_s:

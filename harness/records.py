@@ -30,6 +30,7 @@ def canonical_cell(cfg) -> dict:
         "kv": OmegaConf.to_container(cfg.kv, resolve=True) if cfg.kv.name in ("q8", "q4") else {"name": cfg.kv.name},
         "bench": OmegaConf.to_container(cfg.bench, resolve=True),
         "rollback": cfg.rollback if method["name"] != "base" else None,
+        "reference": cfg.reference if method["name"] != cfg.reference else None,
     }
 
 
@@ -37,7 +38,8 @@ def cell_id(cell: dict) -> str:
     digest = hashlib.sha256(json.dumps(cell, sort_keys=True).encode()).hexdigest()[:10]
     m = cell["method"]
     bs = f"-bs{m['block_size']}" if m.get("block_size") else ""
-    return f"{cell['arch']['name']}__{m['name']}{bs}__kv-{cell['kv']['name']}__{digest}"
+    ref = f"__vs-{cell['reference']}" if cell.get("reference") not in (None, "base") else ""
+    return f"{cell['arch']['name']}__{m['name']}{bs}__kv-{cell['kv']['name']}{ref}__{digest}"
 
 
 def write_record(path: Path, record: dict) -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from engines.base import Unsupported, get_engine
+from engines.base import DrafterError, Unsupported, get_engine
 from engines.target import Target
-from harness.config import ConfigError, validate
+from harness.config import ConfigError, resolve_drafter, validate
 from harness.env import environment
 from harness.measure import Arms, measure_cell
 from harness.models import has_moe, load_target, model_dtype, resolve_model
@@ -93,13 +93,27 @@ def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
 
 
 def _build_arms(model, cfg) -> Arms:
-    def engine(name):
+    def engine(name, method_cfg):
         target = Target(model, kv=cfg.kv.name, rollback=cfg.rollback, kv_group_size=cfg.kv.group_size)
-        return get_engine(name)(target, cfg.method)
+        return get_engine(name)(target, method_cfg)
 
-    method = engine(cfg.method.name)
-    block = cfg.method.block_size if "block_size" in method.knobs else 1
-    return Arms(method, None if method.name == "base" else engine("base"), block)
+    try:
+        method = engine(cfg.method.name, _method_cfg(cfg, cfg.method.name))
+    except DrafterError as e:
+        raise ConfigError(f"{e} (method.drafter={cfg.method.drafter})") from None
+    block = getattr(method, "block", None) or (cfg.method.block_size if "block_size" in method.knobs else 1)
+    reference = None if method.name == get_engine(cfg.reference).name else engine(cfg.reference, _method_cfg(cfg, cfg.reference))
+    return Arms(method, reference, block)
+
+
+def _method_cfg(cfg, name: str):
+    """cfg.method with the drafter resolved to a directory (engines take paths, not fixture names)."""
+    engine = get_engine(name)
+    if "drafter" not in engine.knobs:
+        return cfg.method
+    resolved = OmegaConf.to_container(cfg.method, resolve=True)
+    resolved.update(name=engine.name, drafter=resolve_drafter(cfg, engine.drafter_kind))
+    return OmegaConf.create(resolved)
 
 
 def _check_supported(model, cfg, env: dict) -> None:
@@ -126,5 +140,6 @@ def _headline(rec: dict) -> str:
         return rec.get("reason", "")
     s = rec["summary"]
     tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
-    return (f"{s['decode_tps']:.1f} tok/s, base {s['base_decode_tps']:.1f} tok/s, speedup {s['speedup']:.3f}x, "
+    ref = rec["cell"].get("reference") or "base"
+    return (f"{s['decode_tps']:.1f} tok/s, {ref} {s['base_decode_tps']:.1f} tok/s, speedup {s['speedup']:.3f}x, "
             f"tau {tau}, diverged {s['diverged_prompts']}/{s['prompts']}")

@@ -22,6 +22,7 @@ from pathlib import Path
 from harness import fixtures
 
 STEPS, BATCH, SEQ, LR, WARMUP = 600, 16, 96, 2e-3, 50
+DRAFT_STEPS = 3000
 
 
 def _rows(ids: list[int], sep: int, rng: random.Random):
@@ -39,6 +40,13 @@ def _rows(ids: list[int], sep: int, rng: random.Random):
         yield (row + ids[: SEQ + 1 - len(row)])[: SEQ + 1]
 
 
+def _schedule(steps: int):
+    import mlx.optimizers as optim
+
+    return optim.join_schedules([optim.linear_schedule(LR / 10, LR, WARMUP),
+                                 optim.cosine_decay(LR, steps - WARMUP, LR / 10)], [WARMUP])
+
+
 def train(name: str, tokenizer_path: Path, log=print):
     import mlx.core as mx
     import mlx.nn as nn
@@ -50,9 +58,7 @@ def train(name: str, tokenizer_path: Path, log=print):
     sep = tok.encode("\n").ids[0]
     model = fixtures.build_model(name)
     model.train()
-    schedule = optim.join_schedules([optim.linear_schedule(LR / 10, LR, WARMUP),
-                                     optim.cosine_decay(LR, STEPS - WARMUP, LR / 10)], [WARMUP])
-    opt = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
+    opt = optim.AdamW(learning_rate=_schedule(STEPS), weight_decay=0.01)
 
     def loss_fn(m, x, y):
         return nn.losses.cross_entropy(m(x), y, reduction="mean")
@@ -71,22 +77,111 @@ def train(name: str, tokenizer_path: Path, log=print):
     return model
 
 
-def main(names: list[str]) -> None:
-    from mlx.utils import tree_flatten
+def _target(name: str):
+    import mlx.core as mx
+    import mlx_lm
+
+    from harness.models import cast_model
+
+    model, _ = mlx_lm.load(str(fixtures.fixture_dir(name)))
+    cast_model(model, mx.float32)
+    return model
+
+
+def _distill_set(model, layer_ids, n_rows: int, log):
+    """Corpus rows with the target's layer outputs and greedy next-token choices at every position."""
+    import mlx.core as mx
+    from tokenizers import Tokenizer
+
+    from engines.hidden import capture_hidden
+
+    tok = Tokenizer.from_file(str(fixtures.SHIPPED_DIR / "tokenizer.json"))
+    ids = tok.encode(fixtures.corpus_text()).ids
+    rows = _rows(ids, tok.encode("\n").ids[0], random.Random(fixtures.SEED + 1))
+    xs, hs, preds = [], [], []
+    for _ in range(n_rows // BATCH):
+        x = mx.array([next(rows)[:SEQ] for _ in range(BATCH)])  # [B, SEQ]
+        with capture_hidden(model, layer_ids) as sink:
+            logits = model(x)
+        hs.append(mx.concatenate(sink, axis=-1))  # [B, SEQ, n * H]
+        preds.append(mx.argmax(logits, axis=-1))  # [B, SEQ]: the target's choice for position t + 1
+        xs.append(x)
+        mx.eval(hs[-1], preds[-1])
+    log(f"distillation set: {n_rows} rows of {SEQ} tokens")
+    return mx.concatenate(xs), mx.concatenate(hs), mx.concatenate(preds)
+
+
+def train_dflash(name: str, log=print):
+    """Distil a DFlash drafter from fixture `name`: from a block [x_a, mask...] and the
+    target's hidden states before a, predict the target's greedy tokens a+1..a+B-1."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    from engines.dflash import DFlashConfig, DFlashDrafter
+    from engines.hidden import embed, lm_head
+
+    spec = fixtures.DFLASH[name]
+    cfg = DFlashConfig.from_json(spec, f"DFLASH[{name}]")
+    target = _target(name)
+    xs, hs, preds = _distill_set(target, cfg.target_layer_ids, 1024, log)
+    mx.random.seed(fixtures.SEED + 2)
+    drafter = DFlashDrafter(cfg)
+    drafter.set_dtype(mx.float32)
+    blk = cfg.block_size
+    opt = optim.AdamW(learning_rate=_schedule(DRAFT_STEPS), weight_decay=0.01)
+
+    def loss_fn(d, rows, anchors):
+        x = xs[rows]  # [B, SEQ]
+        offs = anchors[:, None] + mx.arange(blk)[None]  # [B, blk]
+        block = mx.where(mx.arange(blk)[None] == 0, mx.take_along_axis(x, offs, axis=1), cfg.mask_token_id)
+        labels = mx.take_along_axis(preds[rows], offs[:, :-1], axis=1)  # target's choices for a+1..a+blk-1
+        h = d(embed(target, block), d.project_context(hs[rows]), anchors=anchors)  # [B, blk, H]
+        return nn.losses.cross_entropy(lm_head(target, h[:, 1:]), labels, reduction="mean")
+
+    step_fn = nn.value_and_grad(drafter, loss_fn)
+    rng = random.Random(fixtures.SEED + 3)
+    t0 = time.perf_counter()
+    for step in range(DRAFT_STEPS):
+        rows = mx.array([rng.randrange(xs.shape[0]) for _ in range(BATCH * 2)])
+        anchors = mx.array([rng.randrange(4, SEQ - blk) for _ in range(BATCH * 2)])
+        loss, grads = step_fn(drafter, rows, anchors)
+        opt.update(drafter, grads)
+        mx.eval(drafter.parameters(), opt.state, loss)
+        if step % 100 == 0 or step == DRAFT_STEPS - 1:
+            log(f"{name}.dflash: step {step} loss {loss.item():.3f} ({time.perf_counter() - t0:.0f}s)")
+    return drafter
+
+
+def _save(weights: dict, path: Path) -> None:
     import mlx.core as mx
 
+    mx.save_safetensors(str(path), weights)
+    print(f"wrote {path}", flush=True)
+
+
+def main(args: list[str]) -> None:
+    """python -m harness.train_fixtures [target|dflash] [name ...]  (default: everything)"""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    kinds = [a for a in args if a in ("target", "dflash")] or ["target", "dflash"]
+    names = [a for a in args if a not in kinds] or fixtures.fixture_names()
     out = fixtures.SHIPPED_DIR
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = out / "tokenizer.json"
     if not tokenizer.exists():
         fixtures.train_tokenizer_json(tokenizer)
-    for name in names or fixtures.fixture_names():
-        model = train(name, tokenizer)
-        keep = getattr(model, "cast_predicate", lambda _: True)  # e.g. Qwen3.5's A_log stays float32
-        weights = {k: v.astype(mx.bfloat16) if keep(k) and mx.issubdtype(v.dtype, mx.floating) else v
-                   for k, v in tree_flatten(model.parameters())}
-        mx.save_safetensors(str(out / f"{name}.safetensors"), weights)
-        print(f"wrote {out / f'{name}.safetensors'}")
+    bf16 = lambda v: v.astype(mx.bfloat16) if mx.issubdtype(v.dtype, mx.floating) else v
+    for name in names:
+        if "target" in kinds:
+            model = train(name, tokenizer)
+            keep = getattr(model, "cast_predicate", lambda _: True)  # e.g. Qwen3.5's A_log stays float32
+            _save({k: bf16(v) if keep(k) else v for k, v in tree_flatten(model.parameters())},
+                  out / f"{name}.safetensors")
+        if "dflash" in kinds:
+            drafter = train_dflash(name)
+            _save({k: bf16(v) for k, v in tree_flatten(drafter.parameters())}, out / f"{name}.dflash.safetensors")
 
 
 if __name__ == "__main__":

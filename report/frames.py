@@ -26,7 +26,10 @@ def cells(root: Path, records=None) -> pd.DataFrame:
     rows = []
     for path, rec in records if records is not None else _records(root):
         cell, env, summary = rec["cell"], rec.get("env", {}), rec.get("summary", {})
-        row = {"arch": cell["arch"]["name"], "method": cell["method"]["name"],
+        method = cell["method"]["name"]
+        if cell.get("reference") not in (None, "base"):
+            method += f" vs {cell['reference']}"  # paired against another method, not base
+        row = {"arch": cell["arch"]["name"], "method": method,
                "block_size": cell["method"].get("block_size"), "kv": cell["kv"]["name"],
                "status": rec.get("status"), "reason": rec.get("reason"),
                "model_type": rec.get("model", {}).get("model_type"), "dtype": rec.get("model", {}).get("dtype"),

@@ -30,32 +30,35 @@ def test_qwen35_sweep_then_report_end_to_end_and_rerun_skips(tmp_path):
     r = harness("+sweep=qwen35", *QUICK, f"out_dir={out}")
     assert r.returncode == 0, r.stderr
     recs = records(out)
-    # base x 2 kv (block size ignored, so run once) + ngram x 2 block sizes x 2 kv
-    assert len(recs) == 6, sorted(recs)
+    # base x 2 kv (block size ignored, so run once) + (ngram, dflash_a, dflash_c) x 2 block sizes x 2 kv
+    assert len(recs) == 14, sorted(recs)
     assert all(rec["status"] == "ok" for rec in recs.values()), [rec.get("reason") for rec in recs.values()]
     assert r.stderr.count("same cell as an earlier job") == 2
     ngram = [rec for rec in recs.values() if rec["cell"]["method"]["name"] == "ngram"]
-    assert {rec["cell"]["method"]["block_size"] for rec in ngram} == {3, 5}
+    assert {rec["cell"]["method"]["block_size"] for rec in ngram} == {4, 8}
+    dflash = [rec for rec in recs.values() if rec["cell"]["method"]["name"].startswith("dflash")]
+    assert len(dflash) == 8 and all("drafter_fwd" in r["prompts"][0]["rounds_detail"]["phase_ms"] for r in dflash)
+    assert all(r["calibration"]["context_scaling"]["long"]["verify_ms"] for r in dflash)
     for rec in recs.values():
         assert rec["env"]["mlx"] and rec["env"]["blas"] and "sha" in rec["env"]["git"]
         item = rec["prompts"][0]
         assert item["n_tokens"] == 12 and len(item["tokens"]) == 12
         assert item["first_divergence"] is None and item["matched_prefix"] == 12
         assert item["tau"] >= 1.0 and sum(item["accept_hist"]) == item["rounds"]
-        assert set(item["rounds_detail"]["phase_ms"]) == {"draft", "verify", "accept", "rollback"}
+        assert {"draft", "verify", "accept", "rollback"} <= set(item["rounds_detail"]["phase_ms"])
     mtimes = {p: p.stat().st_mtime_ns for p in out.glob("*.json")}
 
     rep = subprocess.run([sys.executable, "-m", "report", str(out)], cwd=REPO, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert rep.returncode == 0, rep.stderr
     assert "### qwen35" in rep.stdout and "| method" in rep.stdout
-    table_rows = [line for line in rep.stdout.splitlines() if line.startswith("| base") or line.startswith("| ngram")]
-    assert len(table_rows) == 6
+    table_rows = [line for line in rep.stdout.splitlines() if line.startswith(("| base", "| ngram", "| dflash"))]
+    assert len(table_rows) == 14
     assert (out / "report.csv").exists() and (out / "prompts.csv").exists()
 
     again = harness("+sweep=qwen35", *QUICK, f"out_dir={out}")
     assert again.returncode == 0
-    assert again.stderr.count("already recorded") == 6
+    assert again.stderr.count("already recorded") == 14
     assert {p: p.stat().st_mtime_ns for p in out.glob("*.json")} == mtimes
 
 
@@ -82,7 +85,7 @@ def _bad_inputs(tmp: Path):
     return {
         "missing model dir": (["arch.model=/nonexistent/model"], "does not exist"),
         "dir without config.json": ([f"arch.model={empty}"], "no config.json"),
-        "unknown method": (["method=foo"], "available: base, control, ngram"),
+        "unknown method": (["method=foo"], "available: base, control, dflash_a, dflash_c, ngram"),
         "block_size=1": (["method=ngram", "method.block_size=1"], "block_size"),
         "missing prompt file": ([f"bench.suite={tmp / 'nope.jsonl'}"], "does not exist"),
         "unreadable prompt file": ([f"bench.suite={tmp}"], "cannot be read"),

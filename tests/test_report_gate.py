@@ -58,7 +58,8 @@ def test_an_impossible_gate_exits_nonzero_with_a_readable_table(tmp_path):
 
 def test_an_interrupted_sweep_resumes_with_only_the_missing_cells(tmp_path):
     out = tmp_path / "sweep"
-    args = [sys.executable, "-m", "harness", "+sweep=qwen35", *QUICK, f"out_dir={out}"]
+    sweep = ["+sweep=qwen35", "method=base,ngram"]  # 6 distinct cells: enough to interrupt midway
+    args = [sys.executable, "-m", "harness", *sweep, *QUICK, f"out_dir={out}"]
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while time.time() < deadline and len(list(out.glob("*.json"))) < 2:
@@ -69,7 +70,7 @@ def test_an_interrupted_sweep_resumes_with_only_the_missing_cells(tmp_path):
     assert 2 <= len(done) < 6, "the sweep was not interrupted midway"
     for p in done:  # whatever the kill hit, every visible record is complete
         assert json.loads((out / p).read_text())["status"] == "ok"
-    again = harness("+sweep=qwen35", *QUICK, f"out_dir={out}")
+    again = harness(*sweep, *QUICK, f"out_dir={out}")
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("already recorded") == len(done)
     assert again.stderr.count(" -> ok") == 6 - len(done)

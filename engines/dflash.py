@@ -1,0 +1,333 @@
+"""DFlash: a block-diffusion drafter conditioned on target hidden states (arXiv 2602.06036).
+
+One round:
+  block [last token, mask x (B-1)] -> drafter forward: every drafter layer attends to
+  the projected target context (its own KV cache, grown only by accepted positions)
+  and, non-causally, to the whole block -> target lm_head on positions 1..B-1 ->
+  B-1 drafts -> verify -> accept prefix + bonus -> rollback -> the accepted
+  positions' target hidden states become the drafter's next context.
+
+Two verify strategies share everything else:
+- dflash_a (Option A): verify the block incrementally at the end of the output
+  (start position = len(output) - 1) and roll back the rejected tail exactly,
+  DeltaNet state included (engines/cache.py).
+- dflash_c (Option C): re-prefill the whole sequence from position 0 every round,
+  so nothing is ever rolled back, at a cost that grows with the context.
+
+The drafter checkpoint follows the z-lab layout (config.json with `dflash_config`,
+weights fc / hidden_norm / layers.* / norm); embed_tokens and lm_head are the
+target's. `load_drafter` validates every field and tensor with one-line errors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.rope_utils import initialize_rope
+
+from engines.base import Draft, DrafterError, Engine, register
+from engines.hidden import embed, hidden_size, lm_head, num_layers
+
+
+@dataclass
+class DFlashConfig:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    num_target_layers: int | None = None
+    rope_scaling: dict | None = None
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+
+    REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "intermediate_size", "rms_norm_eps", "rope_theta", "max_position_embeddings", "block_size")
+
+    @classmethod
+    def from_json(cls, cfg: dict, where: str) -> "DFlashConfig":
+        missing = [k for k in cls.REQUIRED if k not in cfg]
+        dflash = cfg.get("dflash_config") or {}
+        missing += [f"dflash_config.{k}" for k in ("target_layer_ids", "mask_token_id") if k not in dflash]
+        if missing:
+            raise DrafterError(f"{where}: missing {', '.join(missing)} (a z-lab DFlash config.json has them)")
+        layer_types = tuple(cfg.get("layer_types") or ("full_attention",) * cfg["num_hidden_layers"])
+        if len(layer_types) != cfg["num_hidden_layers"] or set(layer_types) - {"full_attention", "sliding_attention"}:
+            raise DrafterError(f"{where}: layer_types must list full_attention/sliding_attention once per layer")
+        if "sliding_attention" in layer_types and not cfg.get("sliding_window"):
+            raise DrafterError(f"{where}: sliding_attention layers need sliding_window")
+        return cls(**{k: cfg[k] for k in cls.REQUIRED}, target_layer_ids=tuple(dflash["target_layer_ids"]),
+                   mask_token_id=int(dflash["mask_token_id"]), num_target_layers=cfg.get("num_target_layers"),
+                   rope_scaling=cfg.get("rope_scaling"), layer_types=layer_types,
+                   sliding_window=cfg.get("sliding_window"))
+
+    def to_json(self) -> dict:
+        out = {k: getattr(self, k) for k in self.REQUIRED}
+        out.update({"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+                    "num_target_layers": self.num_target_layers, "layer_types": list(self.layer_types),
+                    "dflash_config": {"target_layer_ids": list(self.target_layer_ids),
+                                      "mask_token_id": self.mask_token_id}})
+        if self.sliding_window:
+            out["sliding_window"] = self.sliding_window
+        if self.rope_scaling:
+            out["rope_scaling"] = self.rope_scaling
+        return out
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, cfg: DFlashConfig, sliding: bool):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv, self.scale = cfg.num_attention_heads, cfg.num_key_value_heads, d ** -0.5
+        self.window = cfg.sliding_window if sliding else None
+        self.q_proj = nn.Linear(h, self.n_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, self.n_kv * d, bias=False)
+        self.v_proj = nn.Linear(h, self.n_kv * d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
+        self.q_norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+
+    def _heads(self, x, n, norm=None):
+        # [1, T, n*D] -> [1, n, T, D]
+        x = x.reshape(*x.shape[:2], n, -1)
+        return (norm(x) if norm else x).transpose(0, 2, 1, 3)
+
+    def __call__(self, x, ctx, rope, cache: KVCache | None = None, anchors: mx.array | None = None):
+        """x: [B, L, H] block; ctx: [B, S, H] projected context.
+
+        Decoding (cache): ctx holds the new context positions; all context so far is
+        kept in `cache` and the block starts right after it. Training (anchors [B]):
+        ctx covers whole sequences and row b's block starts at anchors[b], seeing
+        only context positions before it.
+        """
+        B, L, S = x.shape[0], x.shape[1], ctx.shape[1]
+        ctx_k = self._heads(self.k_proj(ctx), self.n_kv, self.k_norm)
+        ctx_v = self._heads(self.v_proj(ctx), self.n_kv)
+        if cache is not None:
+            start = cache.offset
+            keys, values = cache.update_and_fetch(rope(ctx_k, offset=start), ctx_v)  # [1, Hkv, C, D]
+            block_start, n_ctx = start + S, start + S
+        else:
+            keys, values = rope(ctx_k, offset=0), ctx_v
+            block_start, n_ctx = anchors, anchors[:, None, None, None]
+        q = rope(self._heads(self.q_proj(x), self.n_heads, self.q_norm), offset=block_start)
+        bk = rope(self._heads(self.k_proj(x), self.n_kv, self.k_norm), offset=block_start)
+        bv = self._heads(self.v_proj(x), self.n_kv)
+        C = keys.shape[2]
+        qpos = n_ctx + mx.arange(L)[:, None]  # [.., L, 1] absolute query positions
+        kpos = mx.arange(C + L)[None]  # [1, C + L]: context positions, then the block
+        visible = kpos < n_ctx  # context before the block (all of it when decoding)
+        if self.window:
+            visible = visible & (qpos - kpos < self.window)
+        mask = visible | (kpos >= C)  # the block sees itself whole: non-causal
+        out = mx.fast.scaled_dot_product_attention(q, mx.concatenate([keys, bk], axis=2),
+                                                   mx.concatenate([values, bv], axis=2), scale=self.scale,
+                                                   mask=None if (cache is not None and not self.window) else mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+class DFlashMLP(nn.Module):
+    def __init__(self, h: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(h, inter, bias=False)
+        self.up_proj = nn.Linear(h, inter, bias=False)
+        self.down_proj = nn.Linear(inter, h, bias=False)
+
+    def __call__(self, x):
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig, sliding: bool):
+        super().__init__()
+        self.self_attn = DFlashAttention(cfg, sliding)
+        self.mlp = DFlashMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def __call__(self, x, ctx, rope, cache=None, anchors=None):
+        h = x + self.self_attn(self.input_layernorm(x), ctx, rope, cache, anchors)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.layers = [DFlashLayer(cfg, t == "sliding_attention") for t in cfg.layer_types]
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self._rope = initialize_rope(cfg.head_dim, base=cfg.rope_theta, traditional=False,
+                                     scaling_config=cfg.rope_scaling,
+                                     max_position_embeddings=cfg.max_position_embeddings)
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
+
+    def project_context(self, target_hidden: mx.array) -> mx.array:
+        # [1, S, n*H] concatenated target layer outputs -> [1, S, H]
+        return self.hidden_norm(self.fc(target_hidden))
+
+    def __call__(self, block_embeds: mx.array, ctx: mx.array, cache: list[KVCache] | None = None,
+                 anchors: mx.array | None = None) -> mx.array:
+        """[B, L, H] block embeddings + [B, S, H] context -> [B, L, H] normed hidden states
+        (decoding with `cache`, or training with per-row block `anchors`)."""
+        h = block_embeds
+        for i, layer in enumerate(self.layers):
+            h = layer(h, ctx, self._rope, cache[i] if cache is not None else None, anchors)
+        return self.norm(h)
+
+
+# ---------------------------------------------------------------- checkpoint layout
+
+def drafter_weights_spec(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a z-lab DFlash checkpoint with its shape."""
+    return {k: tuple(v.shape) for k, v in tree_flatten(DFlashDrafter(cfg).parameters())}
+
+
+def save_drafter(drafter: DFlashDrafter, path: Path, dtype=mx.bfloat16) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(drafter.config.to_json(), indent=2))
+    weights = {k: v.astype(dtype) for k, v in tree_flatten(drafter.parameters())}
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+
+
+def load_drafter(path: Path, target_model: nn.Module) -> DFlashDrafter:
+    """Load and validate a z-lab DFlash drafter for `target_model`; raises DrafterError."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise DrafterError(f"{path} has no config.json: not a DFlash drafter directory")
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise DrafterError(f"{path / 'config.json'} is not valid JSON ({e.msg})") from None
+    cfg = DFlashConfig.from_json(raw, str(path / "config.json"))
+    n_target, h_target = num_layers(target_model), hidden_size(target_model)
+    vocab = target_model.model.embed_tokens.weight.shape[0]
+    bad = [i for i in cfg.target_layer_ids if not 0 <= i < n_target]
+    if bad or not cfg.target_layer_ids:
+        raise DrafterError(f"dflash_config.target_layer_ids {list(cfg.target_layer_ids)} must be within the "
+                           f"target's {n_target} layers (0..{n_target - 1})")
+    if cfg.hidden_size != h_target:
+        raise DrafterError(f"drafter hidden_size {cfg.hidden_size} != target hidden size {h_target}: "
+                           "this drafter was trained for another target")
+    if not 0 <= cfg.mask_token_id < vocab:
+        raise DrafterError(f"dflash_config.mask_token_id {cfg.mask_token_id} is outside the target vocab (0..{vocab - 1})")
+    if cfg.block_size < 2:
+        raise DrafterError(f"block_size {cfg.block_size} must be >= 2")
+    weights = {}
+    for f in sorted(path.glob("*.safetensors")):
+        weights.update({k.removeprefix("model."): v for k, v in mx.load(str(f)).items()})
+    for name, shape in drafter_weights_spec(cfg).items():
+        if name not in weights:
+            raise DrafterError(f"drafter tensor {name} is missing from {path}")
+        if tuple(weights[name].shape) != shape:
+            raise DrafterError(f"drafter tensor {name} has shape {tuple(weights[name].shape)}, config says {shape}")
+    drafter = DFlashDrafter(cfg)
+    drafter.load_weights([(k, weights[k]) for k in drafter_weights_spec(cfg)])
+    drafter.set_dtype(target_model.model.embed_tokens.weight.dtype)
+    drafter.eval()
+    mx.eval(drafter.parameters())
+    return drafter
+
+
+# ---------------------------------------------------------------- engines
+
+class DFlash(Engine):
+    """Shared by Option A and Option C; they differ only in verify() and rollback()."""
+
+    knobs = ("block_size", "drafter")
+    drafter_kind = "dflash"
+
+    def __init__(self, target, cfg):
+        super().__init__(target, cfg)
+        self.drafter = load_drafter(cfg.drafter, target.model)
+        self.block = cfg.block_size or self.drafter.config.block_size
+        self.mask_id = self.drafter.config.mask_token_id
+        target.hidden_layers = self.drafter.config.target_layer_ids
+
+    def prefill(self, prompt):
+        self.prompt_len = len(prompt)
+        logits = self.target.prefill(prompt)
+        self.context = [self.target.hidden]  # target hidden states not yet in the drafter's cache
+        self.dcache = self.drafter.make_cache()
+        return logits
+
+    def draft(self, history, max_tokens):
+        k = min(self.block - 1, max_tokens)
+        if k == 0:
+            return Draft()
+        ids = mx.array([[history[-1]] + [self.mask_id] * k], dtype=mx.int32)
+        x = embed(self.target.model, ids)  # [1, K+1, H]
+        self.prof.mark("embed", x)
+        hidden = self.context[0] if len(self.context) == 1 else mx.concatenate(self.context, axis=1)
+        ctx = self.drafter.project_context(hidden)  # [1, S, H]
+        self.context = []
+        self.prof.mark("extract", ctx)
+        h = self.drafter(x, ctx, self.dcache)[:, 1:]  # [1, K, H]
+        self.prof.mark("drafter_fwd", h)
+        logits = lm_head(self.target.model, h)[0]  # [K, V]
+        pos = len(history) - self.prompt_len
+        if self.sampler is not None and self.sampler.temperature > 0:
+            q = self.sampler.probs(logits)
+            tokens = self.sampler.draw(q, pos, 1).tolist()
+        else:
+            q, tokens = None, mx.argmax(logits, axis=-1).tolist()
+        self.prof.mark("drafter_argmax")
+        return Draft(tokens, q)
+
+    def rollback(self, n_accepted, draft):
+        self.context.append(self.verified_hidden[:, : n_accepted + 1])  # [1, n+1, n*H] of kept positions
+        self._commit(n_accepted)
+
+    def describe(self):
+        c = self.drafter.config
+        return {**super().describe(), "drafter_layers": c.num_hidden_layers, "target_layer_ids": list(c.target_layer_ids),
+                "drafter_block_size": c.block_size, "block_size": self.block}
+
+
+@register("dflash_a", "dflash")
+class DFlashA(DFlash):
+    """Option A: incremental verify at the end of the output, exact rollback."""
+
+    def verify(self, pending, draft):
+        logits = self.target.verify([pending, *draft.tokens])  # [K+1, V]
+        self.verified_hidden = self.target.hidden
+        return logits
+
+    def _commit(self, n_accepted):
+        self.target.commit(n_accepted + 1)
+
+
+@register("dflash_c")
+class DFlashC(DFlash):
+    """Option C: every round re-prefills prompt + output + block from position 0."""
+
+    def draft(self, history, max_tokens):
+        self.sequence = history  # prompt + output, pending last
+        return super().draft(history, max_tokens)
+
+    def verify(self, pending, draft):
+        self.target.reset()
+        self.target.forward_chunked(self.sequence[:-1])  # the whole prefix, from position 0
+        logits = self.target.forward([pending, *draft.tokens])  # [K+1, V]
+        self.verified_hidden = self.target.hidden
+        return logits
+
+    def _commit(self, n_accepted):
+        pass  # the next round rebuilds the cache from position 0

@@ -1,0 +1,87 @@
+"""Reading a target's internals without editing mlx-lm: layer outputs, embeddings, lm_head.
+
+Drafters (DFlash, EAGLE-3, MTP) condition on the target's hidden states. They are
+captured by swapping hooks into the decoder's layer list for the duration of one
+forward (`capture_hidden`) and always swapping the original layers back, so no
+patched class or module outlives the call.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def decoder(model: nn.Module) -> nn.Module:
+    """The inner model holding `embed_tokens` and the real `layers` list.
+
+    qwen3_5's `model.layers` is a fresh slice on every access, so hooks must go into
+    `model.model.layers` (the same object for llama, qwen3_5 and gemma4_text).
+    """
+    inner = getattr(model, "model", None)
+    if inner is None or not isinstance(getattr(inner, "layers", None), list):
+        raise TypeError(f"{type(model).__name__}: cannot find the decoder's layer list (model.model.layers)")
+    return inner
+
+
+def num_layers(model: nn.Module) -> int:
+    return len(decoder(model).layers)
+
+
+def hidden_size(model: nn.Module) -> int:
+    return decoder(model).embed_tokens.weight.shape[-1]
+
+
+class _Hook:
+    """Stands in for one decoder layer: calls it and keeps its output hidden state."""
+
+    def __init__(self, layer, slot: int, sink: list):
+        self._layer, self._slot, self._sink = layer, slot, sink
+
+    def __call__(self, *args, **kwargs):
+        out = self._layer(*args, **kwargs)
+        self._sink[self._slot] = out[0] if isinstance(out, tuple) else out  # gemma4 layers return tuples
+        return out
+
+    def __getattr__(self, name):  # is_linear, layer_type, ... as the model expects
+        return getattr(self._layer, name)
+
+
+@contextmanager
+def capture_hidden(model: nn.Module, layer_ids: tuple[int, ...]):
+    """Within the block, forwards record the outputs of `layer_ids`: sink[i] is [B, T, H]."""
+    layers = decoder(model).layers
+    sink: list = [None] * len(layer_ids)
+    originals = {lid: layers[lid] for lid in layer_ids}
+    try:
+        for slot, lid in enumerate(layer_ids):
+            layers[lid] = _Hook(originals[lid], slot, sink)
+        yield sink
+    finally:
+        for lid, layer in originals.items():
+            layers[lid] = layer
+
+
+def embed(model: nn.Module, ids: mx.array) -> mx.array:
+    """Token embeddings as the target's first layer sees them ([..., H])."""
+    inner = decoder(model)
+    h = inner.embed_tokens(ids)
+    scale = getattr(inner, "embed_scale", None)  # gemma scales embeddings by sqrt(hidden)
+    return h * scale if scale is not None else h
+
+
+def lm_head(model: nn.Module, h: mx.array) -> mx.array:
+    """The target's output head on hidden states (after its final norm): [..., V]."""
+    inner = decoder(model)
+    head = getattr(model, "lm_head", None) or getattr(getattr(model, "language_model", None), "lm_head", None)
+    logits = head(h) if head is not None else inner.embed_tokens.as_linear(h)
+    cap = getattr(model, "final_logit_softcapping", None)
+    if cap:
+        logits = mx.tanh(logits / cap) * cap
+    return logits
+
+
+def final_norm(model: nn.Module, h: mx.array) -> mx.array:
+    return decoder(model).norm(h)
