@@ -89,7 +89,14 @@ class Engine:
         return Draft()
 
     def verify(self, pending: int, draft: Draft) -> mx.array:
-        return self.target.verify([pending, *draft.tokens])
+        return self.target_verify([pending, *draft.tokens])
+
+    def target_verify(self, tokens: list[int]) -> mx.array:
+        """One batched target forward, or one per token when the method asks for
+        verify=sequential (single-token decode numerics, T forwards)."""
+        if getattr(self.cfg, "verify", "batched") == "sequential":
+            return self.target.verify_sequential(tokens)
+        return self.target.verify(tokens)
 
     def rollback(self, n_accepted: int, draft: Draft) -> None:
         self.target.commit(n_accepted + 1)
@@ -100,7 +107,8 @@ class Engine:
 
     def describe(self) -> dict:
         return {"rollback": self.target.strategy if self.target.layout.recurrent else "trim",
-                "cache_types": sorted(set(self.target.layout.types))}
+                "cache_types": sorted(set(self.target.layout.types)),
+                "verify": getattr(self.cfg, "verify", "batched")}
 
 
 # ---------------------------------------------------------------- registry
@@ -140,4 +148,5 @@ def _load_builtin() -> None:
     import engines.autoregressive  # noqa: F401
     import engines.control  # noqa: F401
     import engines.dflash  # noqa: F401
+    import engines.mtp  # noqa: F401
     import engines.ngram  # noqa: F401

@@ -95,10 +95,8 @@ def make_cache(model: nn.Module, kv: str, group_size: int = 64) -> tuple[list, C
     for c in caches:
         new = _convert(c, kv, group_size)
         if isinstance(c, (KVCache, RotatingKVCache)):
-            if new is c and kv != "native":
-                native += 1
-            else:
-                converted += 1
+            native += new is c
+            converted += new is not c
         out.append(new)
     layout = CacheLayout([type(c).__name__ for c in out], converted, native,
                          sum(isinstance(c, ArraysCache) for c in out))
@@ -300,6 +298,11 @@ class Rollback:
             yield
             self._pending = ("replay", len(tokens), (snap, list(tokens)))
 
+    def stepped(self, T: int, snapshots: list[list]) -> None:
+        """Record a sequential verify: T single-token forwards, with the recurrent
+        caches' contents after each (snapshots[i] = [cache.cache per recurrent layer])."""
+        self._pending = ("steps", T, snapshots)
+
     def commit(self, n_keep: int) -> int:
         """Keep the first n_keep verified positions, drop the rest exactly; returns the number dropped."""
         kind, T, data = self._pending
@@ -313,6 +316,11 @@ class Rollback:
                 trim_attention(c, T - n_keep)
         elif kind == "capture":
             self._commit_capture(data, T, n_keep)
+        elif kind == "steps":
+            for c in self.attention:
+                trim_attention(c, T - n_keep)
+            for i, saved in zip(self.recurrent, data[n_keep - 1]):
+                self.caches[i].cache = list(saved)
         else:
             self._commit_replay(data, T, n_keep)
         return T - n_keep

@@ -305,8 +305,10 @@ class DFlash(Engine):
 class DFlashA(DFlash):
     """Option A: incremental verify at the end of the output, exact rollback."""
 
+    knobs = ("block_size", "drafter", "verify")
+
     def verify(self, pending, draft):
-        logits = self.target.verify([pending, *draft.tokens])  # [K+1, V]
+        logits = self.target_verify([pending, *draft.tokens])  # [K+1, V]
         self.verified_hidden = self.target.hidden
         return logits
 

@@ -44,7 +44,7 @@ class NgramIndex:
 
 @register("ngram", "prompt_lookup", "pld")
 class Ngram(Engine):
-    knobs = ("block_size", "min_ngram", "max_ngram")
+    knobs = ("block_size", "min_ngram", "max_ngram", "verify")
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)

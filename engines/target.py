@@ -80,6 +80,20 @@ class Target:
             logits = self.forward(tokens)
         return logits
 
+    def verify_sequential(self, tokens: list[int]) -> mx.array:
+        """Like verify(), but one forward per token: the numerics of single-token decode
+        at the cost of T forwards; logits [T, V]."""
+        logits, hidden, snapshots = [], [], []
+        recurrent = self.rollback.recurrent
+        for t in tokens:
+            logits.append(self.forward([t]))
+            hidden.append(self.hidden)
+            snapshots.append([list(self.cache[i].cache) for i in recurrent])
+        if self.hidden_layers:
+            self.hidden = mx.concatenate(hidden, axis=1)
+        self.rollback.stepped(len(tokens), snapshots)
+        return mx.concatenate(logits, axis=0)
+
     def commit(self, n_keep: int) -> None:
         """Keep the first n_keep tokens of the last verify, drop the rest (exact or raise)."""
         self.offset -= self.rollback.commit(n_keep)

@@ -35,7 +35,9 @@ class MethodConfig:
     name: str = MISSING  # a registered engine: base, ngram, control, dflash_a, dflash_c
     block_size: Optional[int] = None  # tokens verified per round = K drafts + 1; base ignores it;
     #                                   dflash: null = the drafter's own block_size
-    drafter: Optional[str] = None  # dflash: drafter dir or fixture:<name>; null = the fixture arch's own
+    drafter: Optional[str] = None  # dflash: drafter dir or fixture:<name>; null = the fixture arch's own;
+    #                                mtp: checkpoint holding mtp.* tensors; null = the target's own
+    verify: str = "batched"  # batched: K+1 tokens in one target forward; sequential: one forward per token
     min_ngram: int = 1  # ngram: shortest suffix n-gram to match
     max_ngram: int = 3  # ngram: longest suffix n-gram to match (tried first)
 
@@ -130,6 +132,7 @@ def validate(cfg) -> None:
             raise ConfigError(f"ngram sizes min_ngram={cfg.method.min_ngram}, max_ngram={cfg.method.max_ngram} are "
                               "not valid; need 1 <= min_ngram <= max_ngram")
     _one_of("arch.dtype", cfg.arch.dtype, DTYPES)
+    _one_of("method.verify", cfg.method.verify, ("batched", "sequential"))
     _one_of("kv.name", cfg.kv.name, KV_DTYPES)
     _one_of("kv.group_size", cfg.kv.group_size, (32, 64, 128))
     _one_of("rollback", cfg.rollback, ROLLBACKS)
@@ -158,6 +161,10 @@ def resolve_drafter(cfg, kind: str) -> str:
     from harness import fixtures
 
     spec = cfg.method.drafter
+    if spec is None and kind == "mtp":
+        from harness.models import resolve_model
+
+        return str(resolve_model(cfg.arch.model))  # MTP weights live in the target checkpoint itself
     if spec is None:
         if not cfg.arch.model.startswith("fixture:"):
             raise ConfigError(f"method.drafter is required for {cfg.method.name} on {cfg.arch.model}: pass "

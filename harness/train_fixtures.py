@@ -153,6 +153,41 @@ def train_dflash(name: str, log=print):
     return drafter
 
 
+def train_mtp(name: str, log=print):
+    """Distil the MTP head of fixture `name`: from the target's final-normed state at t
+    and the embedding of token t+1, predict the target's choice for token t+2."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    from engines.hidden import embed, final_norm, lm_head, num_layers
+    from engines.mtp import MTPHead
+
+    target = _target(name)
+    xs, hs, preds = _distill_set(target, (num_layers(target) - 1,), 1024, log)
+    hs = final_norm(target, hs)
+    mx.random.seed(fixtures.SEED + 4)
+    head = MTPHead(target)
+    head.set_dtype(mx.float32)
+    opt = optim.AdamW(learning_rate=_schedule(DRAFT_STEPS), weight_decay=0.01)
+
+    def loss_fn(m, rows):
+        x, h = xs[rows], hs[rows]  # [B, SEQ], [B, SEQ, H]
+        out = m(embed(target, x[:, 1:]), h[:, :-1])  # position t: (h_t, token t+1)
+        return nn.losses.cross_entropy(lm_head(target, out), preds[rows][:, 1:], reduction="mean")
+
+    step_fn = nn.value_and_grad(head, loss_fn)
+    rng = random.Random(fixtures.SEED + 5)
+    t0 = time.perf_counter()
+    for step in range(DRAFT_STEPS):
+        loss, grads = step_fn(head, mx.array([rng.randrange(xs.shape[0]) for _ in range(BATCH)]))
+        opt.update(head, grads)
+        mx.eval(head.parameters(), opt.state, loss)
+        if step % 100 == 0 or step == DRAFT_STEPS - 1:
+            log(f"{name}.mtp: step {step} loss {loss.item():.3f} ({time.perf_counter() - t0:.0f}s)")
+    return head
+
+
 def _save(weights: dict, path: Path) -> None:
     import mlx.core as mx
 
@@ -161,11 +196,11 @@ def _save(weights: dict, path: Path) -> None:
 
 
 def main(args: list[str]) -> None:
-    """python -m harness.train_fixtures [target|dflash] [name ...]  (default: everything)"""
+    """python -m harness.train_fixtures [target|dflash|mtp] [name ...]  (default: everything)"""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    kinds = [a for a in args if a in ("target", "dflash")] or ["target", "dflash"]
+    kinds = [a for a in args if a in ("target", "dflash", "mtp")] or ["target", "dflash", "mtp"]
     names = [a for a in args if a not in kinds] or fixtures.fixture_names()
     out = fixtures.SHIPPED_DIR
     out.mkdir(parents=True, exist_ok=True)
@@ -182,6 +217,14 @@ def main(args: list[str]) -> None:
         if "dflash" in kinds:
             drafter = train_dflash(name)
             _save({k: bf16(v) for k, v in tree_flatten(drafter.parameters())}, out / f"{name}.dflash.safetensors")
+        if "mtp" in kinds and fixtures.FIXTURES[name]["model_type"] == "qwen3_5":
+            # The MTP head ships inside the target checkpoint under its real names (mtp.*),
+            # as in Qwen3.5 releases; mlx-lm's loader drops these keys.
+            head = train_mtp(name)
+            path = out / f"{name}.safetensors"
+            weights = {k: v for k, v in mx.load(str(path)).items() if not k.startswith("mtp.")}
+            weights.update({f"mtp.{k}": bf16(v) for k, v in tree_flatten(head.parameters())})
+            _save(weights, path)
 
 
 if __name__ == "__main__":

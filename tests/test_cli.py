@@ -14,6 +14,7 @@ from tests.conftest import write_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 QUICK = ["bench=smoke", "bench.max_prompts=2", "bench.max_new_tokens=12", "bench.warmup=0"]
+# dflash and mtp cells add a calibration and two context-scaling runs: keep prompts few.
 
 
 def harness(*args, cwd=REPO):
@@ -27,15 +28,16 @@ def records(out: Path) -> dict[str, dict]:
 
 def test_qwen35_sweep_then_report_end_to_end_and_rerun_skips(tmp_path):
     out = tmp_path / "sweep"
-    r = harness("+sweep=qwen35", *QUICK, f"out_dir={out}")
+    sweep = ["+sweep=qwen35", "method.block_size=2,4"]  # the sweep's methods and kv dtypes, two block sizes
+    r = harness(*sweep, *QUICK, f"out_dir={out}")
     assert r.returncode == 0, r.stderr
     recs = records(out)
-    # base x 2 kv (block size ignored, so run once) + (ngram, dflash_a, dflash_c) x 2 block sizes x 2 kv
-    assert len(recs) == 14, sorted(recs)
+    # base x 2 kv (block size ignored, so run once) + (ngram, dflash_a, dflash_c, mtp) x 2 block sizes x 2 kv
+    assert len(recs) == 18, sorted(recs)
     assert all(rec["status"] == "ok" for rec in recs.values()), [rec.get("reason") for rec in recs.values()]
     assert r.stderr.count("same cell as an earlier job") == 2
     ngram = [rec for rec in recs.values() if rec["cell"]["method"]["name"] == "ngram"]
-    assert {rec["cell"]["method"]["block_size"] for rec in ngram} == {4, 8}
+    assert {rec["cell"]["method"]["block_size"] for rec in ngram} == {2, 4}
     dflash = [rec for rec in recs.values() if rec["cell"]["method"]["name"].startswith("dflash")]
     assert len(dflash) == 8 and all("drafter_fwd" in r["prompts"][0]["rounds_detail"]["phase_ms"] for r in dflash)
     assert all(r["calibration"]["context_scaling"]["long"]["verify_ms"] for r in dflash)
@@ -52,13 +54,14 @@ def test_qwen35_sweep_then_report_end_to_end_and_rerun_skips(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert rep.returncode == 0, rep.stderr
     assert "### qwen35" in rep.stdout and "| method" in rep.stdout
-    table_rows = [line for line in rep.stdout.splitlines() if line.startswith(("| base", "| ngram", "| dflash"))]
-    assert len(table_rows) == 14
+    table_rows = [line for line in rep.stdout.splitlines()
+                  if line.startswith(("| base", "| ngram", "| dflash", "| mtp"))]
+    assert len(table_rows) == 18
     assert (out / "report.csv").exists() and (out / "prompts.csv").exists()
 
-    again = harness("+sweep=qwen35", *QUICK, f"out_dir={out}")
+    again = harness(*sweep, *QUICK, f"out_dir={out}")
     assert again.returncode == 0
-    assert again.stderr.count("already recorded") == 14
+    assert again.stderr.count("already recorded") == 18
     assert {p: p.stat().st_mtime_ns for p in out.glob("*.json")} == mtimes
 
 
@@ -85,7 +88,7 @@ def _bad_inputs(tmp: Path):
     return {
         "missing model dir": (["arch.model=/nonexistent/model"], "does not exist"),
         "dir without config.json": ([f"arch.model={empty}"], "no config.json"),
-        "unknown method": (["method=foo"], "available: base, control, dflash_a, dflash_c, ngram"),
+        "unknown method": (["method=foo"], "available: base, control, dflash_a, dflash_c, mtp, ngram"),
         "block_size=1": (["method=ngram", "method.block_size=1"], "block_size"),
         "missing prompt file": ([f"bench.suite={tmp / 'nope.jsonl'}"], "does not exist"),
         "unreadable prompt file": ([f"bench.suite={tmp}"], "cannot be read"),

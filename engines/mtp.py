@@ -1,0 +1,196 @@
+"""MTP: the Qwen3.5 / Qwen3-Next multi-token-prediction head as a drafter.
+
+Qwen3.5 and Qwen3-Next checkpoints ship an `mtp.*` module that mlx-lm drops on
+load. It predicts token t+2 from the target's final-normed hidden state at t and
+the embedding of token t+1 (the layout of vLLM's qwen3_next_mtp):
+
+    x = fc([pre_fc_norm_embedding(embed(tok_{t+1})) ; pre_fc_norm_hidden(h_t)])   # [H, 2H]
+    x = layers[0](x)           # one full-attention decoder layer shaped like the
+                               # target's (gated q, q/k norms), own KV cache, position t
+    h' = norm(x); logits = target lm_head(h')
+
+K > 1 chains the same layer: h' and the drafted token feed the next step.
+
+One round, with the MTP cache covering the positions whose target hidden states it
+has seen: a first pass over the newly verified positions (one token each) drafts
+d1; K-1 chained steps draft d2..dK; verify [pending, d1..dK]; the chained steps'
+cache entries are trimmed (they were built on MTP's own hidden, not the target's)
+and the accepted positions' target hidden states feed the next first pass.
+
+Weights are read straight from the checkpoint's safetensors. Original Hugging Face
+checkpoints store Gemma-style RMSNorm weights (scale = 1 + w) and unstacked conv1d;
+when the checkpoint is in that form (as mlx-lm's own qwen3_5 sanitize detects it)
+the MTP norms get the same +1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import KVCache
+
+from engines.base import Draft, DrafterError, Engine, Unsupported, register
+from engines.cache import trim_attention
+from engines.hidden import embed, final_norm, lm_head, num_layers
+
+NORMS = ("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight",
+         "layers.0.input_layernorm.weight", "layers.0.post_attention_layernorm.weight",
+         "layers.0.self_attn.q_norm.weight", "layers.0.self_attn.k_norm.weight")
+
+
+def text_args(model: nn.Module):
+    """The qwen3_5 / qwen3_next TextModelArgs of a loaded target, or Unsupported."""
+    lm = getattr(model, "language_model", model)
+    args = getattr(lm, "args", None)
+    if getattr(model, "model_type", None) not in ("qwen3_5", "qwen3_5_moe", "qwen3_next") or args is None:
+        raise Unsupported(f"MTP needs a Qwen3.5 / Qwen3-Next target; this is {getattr(model, 'model_type', '?')}")
+    return args
+
+
+class MTPHead(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        args = text_args(model)
+        layer_cls = type(model.layers[0])  # the target's own decoder layer class
+        h = args.hidden_size
+        self.pre_fc_norm_embedding = nn.RMSNorm(h, eps=args.rms_norm_eps)
+        self.pre_fc_norm_hidden = nn.RMSNorm(h, eps=args.rms_norm_eps)
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.layers = [layer_cls(args, layer_idx=args.full_attention_interval - 1)]
+        self.norm = nn.RMSNorm(h, eps=args.rms_norm_eps)
+        assert not self.layers[0].is_linear, "the MTP layer must be a full-attention layer"
+
+    def __call__(self, embeds: mx.array, hidden: mx.array, cache: KVCache | None = None) -> mx.array:
+        """embeds, hidden: [1, T, H] (token t+1, target state at t) -> [1, T, H] after mtp.norm."""
+        x = self.fc(mx.concatenate([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], axis=-1))
+        x = self.layers[0](x, create_attention_mask(x, cache), cache)
+        return self.norm(x)
+
+
+def _checkpoint_tensors(path: Path) -> tuple[dict, bool]:
+    """The mtp.* tensors of a checkpoint (prefix stripped) and whether it is in HF form."""
+    mtp, hf_form = {}, False
+    for f in sorted(path.glob("*.safetensors")):
+        for k, v in mx.load(str(f)).items():
+            name = k.split("mtp.", 1)[1] if (k.startswith("mtp.") or ".mtp." in k) else None
+            if name is not None:
+                mtp[name] = v
+            elif "conv1d.weight" in k and v.shape[-1] != 1:
+                hf_form = True
+    return mtp, hf_form
+
+
+def _stack_experts(w: dict) -> dict:
+    # HF MoE layouts -> mlx-lm's switch_mlp: fused gate_up_proj, or one tensor per expert.
+    p = "layers.0.mlp."
+    if p + "experts.gate_up_proj" in w:
+        gate_up = w.pop(p + "experts.gate_up_proj")
+        mid = gate_up.shape[-2] // 2
+        w[p + "switch_mlp.gate_proj.weight"], w[p + "switch_mlp.up_proj.weight"] = gate_up[..., :mid, :], gate_up[..., mid:, :]
+        w[p + "switch_mlp.down_proj.weight"] = w.pop(p + "experts.down_proj")
+    elif p + "experts.0.gate_proj.weight" in w:
+        n = len({k.split(".")[4] for k in w if k.startswith(p + "experts.")})
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            w[p + f"switch_mlp.{proj}.weight"] = mx.stack([w.pop(p + f"experts.{e}.{proj}.weight") for e in range(n)])
+    return w
+
+
+def load_mtp(path: Path, model: nn.Module) -> MTPHead:
+    """The MTP head of the checkpoint at `path` for its loaded target; DrafterError names what is wrong."""
+    head = MTPHead(model)
+    mtp, hf_form = _checkpoint_tensors(Path(path))
+    if not mtp:
+        raise DrafterError(f"{path} has no mtp.* tensors: this checkpoint carries no MTP head "
+                           "(mlx-lm conversions drop it; use the original Hugging Face checkpoint)")
+    mtp = _stack_experts(mtp)
+    expected = {k: tuple(v.shape) for k, v in tree_flatten(head.parameters())}
+    for name, shape in expected.items():
+        if name not in mtp:
+            raise DrafterError(f"MTP tensor mtp.{name} is missing from {path}")
+        if tuple(mtp[name].shape) != shape:
+            raise DrafterError(f"MTP tensor mtp.{name} has shape {tuple(mtp[name].shape)}, the target needs {shape}")
+    if hf_form:
+        mtp.update({k: mtp[k] + 1.0 for k in NORMS if k in mtp})  # Gemma-style (1 + w) RMSNorm
+    dtype = model.model.embed_tokens.weight.dtype
+    head.load_weights([(k, mtp[k].astype(dtype) if mx.issubdtype(mtp[k].dtype, mx.floating) else mtp[k])
+                       for k in expected])
+    head.eval()
+    mx.eval(head.parameters())
+    return head
+
+
+@register("mtp")
+class MTP(Engine):
+    knobs = ("block_size", "drafter", "verify")
+    drafter_kind = "mtp"
+
+    def __init__(self, target, cfg):
+        super().__init__(target, cfg)
+        self.head = load_mtp(Path(cfg.drafter), target.model)
+        self.k = cfg.block_size - 1
+        target.hidden_layers = (num_layers(target.model) - 1,)
+
+    def prefill(self, prompt):
+        self.prompt_len = len(prompt)
+        logits = self.target.prefill(prompt)
+        self.hidden = [self._normed(self.target.hidden)]  # target states not yet seen by MTP
+        self.cache = KVCache()
+        self.chained = 0
+        return logits
+
+    def _normed(self, h):
+        return final_norm(self.target.model, h)  # the target's last-layer output after its final norm
+
+    def _step(self, tokens: list[int], hidden: mx.array) -> mx.array:
+        x = embed(self.target.model, mx.array([tokens], dtype=mx.int32))  # [1, T, H]
+        return self.head(x, hidden, self.cache)
+
+    def _choose(self, h: mx.array, pos: int) -> tuple[int, mx.array | None]:
+        logits = lm_head(self.target.model, h)  # [1, V]
+        if self.sampler is not None and self.sampler.temperature > 0:
+            q = self.sampler.probs(logits)
+            return self.sampler.draw(q, pos, 1).item(), q[0]
+        return mx.argmax(logits, axis=-1).item(), None
+
+    def draft(self, history, max_tokens):
+        k = min(self.k, max_tokens)
+        if k == 0:
+            return Draft()
+        hidden = self.hidden[0] if len(self.hidden) == 1 else mx.concatenate(self.hidden, axis=1)  # [1, n, H]
+        self.hidden = []
+        start = self.cache.offset  # first position MTP has not seen: pair (h_t, token t+1)
+        out = self._step(history[start + 1:], hidden)  # [1, n, H]
+        self.prof.mark("mtp_first", out)
+        pos = len(history) - self.prompt_len
+        tokens, qs = [], []
+        h = out[:, -1:]
+        for i in range(k):
+            if i:
+                h = self._step([tokens[-1]], h)  # chain: MTP's own state and draft feed the next step
+            t, q = self._choose(h[0], pos + i)
+            tokens.append(t)
+            qs.append(q)
+        self.chained = k - 1
+        self.prof.mark("mtp_chain")
+        return Draft(tokens, mx.stack(qs) if qs[0] is not None else None)
+
+    def verify(self, pending, draft):
+        logits = self.target_verify([pending, *draft.tokens])
+        self.verified_hidden = self.target.hidden
+        return logits
+
+    def rollback(self, n_accepted, draft):
+        self.target.commit(n_accepted + 1)
+        trim_attention(self.cache, self.chained)  # chained entries were built on MTP's own states
+        self.chained = 0
+        self.hidden.append(self._normed(self.verified_hidden[:, : n_accepted + 1]))
+
+    def state(self):
+        return [*super().state(), self.cache.state]
+
+    def describe(self):
+        return {**super().describe(), "k": self.k}
