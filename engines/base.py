@@ -47,6 +47,10 @@ class Draft:
 
     tokens: list[int] = field(default_factory=list)
     q: mx.array | None = None
+    # A tree instead of a chain: parents[i] is the index of node i's parent (-1 = the
+    # pending token). The loop then accepts a path and stores it in accepted_path.
+    parents: list[int] | None = None
+    accepted_path: list[int] | None = None
 
 
 class NullProfiler:
@@ -148,5 +152,6 @@ def _load_builtin() -> None:
     import engines.autoregressive  # noqa: F401
     import engines.control  # noqa: F401
     import engines.dflash  # noqa: F401
+    import engines.eagle3  # noqa: F401
     import engines.mtp  # noqa: F401
     import engines.ngram  # noqa: F401

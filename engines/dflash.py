@@ -21,7 +21,6 @@ target's. `load_drafter` validates every field and tensor with one-line errors.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from engines.base import Draft, DrafterError, Engine, register
+from engines.checkpoint import check_tensors, read_config, read_tensors, write_checkpoint
 from engines.hidden import embed, hidden_size, lm_head, num_layers
 
 
@@ -201,22 +201,13 @@ def drafter_weights_spec(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
 
 
 def save_drafter(drafter: DFlashDrafter, path: Path, dtype=mx.bfloat16) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(drafter.config.to_json(), indent=2))
-    weights = {k: v.astype(dtype) for k, v in tree_flatten(drafter.parameters())}
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    write_checkpoint(path, drafter.config.to_json(), dict(tree_flatten(drafter.parameters())), dtype)
 
 
 def load_drafter(path: Path, target_model: nn.Module) -> DFlashDrafter:
     """Load and validate a z-lab DFlash drafter for `target_model`; raises DrafterError."""
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise DrafterError(f"{path} has no config.json: not a DFlash drafter directory")
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError as e:
-        raise DrafterError(f"{path / 'config.json'} is not valid JSON ({e.msg})") from None
-    cfg = DFlashConfig.from_json(raw, str(path / "config.json"))
+    cfg = DFlashConfig.from_json(read_config(path, "a DFlash drafter"), str(path / "config.json"))
     n_target, h_target = num_layers(target_model), hidden_size(target_model)
     vocab = target_model.model.embed_tokens.weight.shape[0]
     bad = [i for i in cfg.target_layer_ids if not 0 <= i < n_target]
@@ -230,14 +221,8 @@ def load_drafter(path: Path, target_model: nn.Module) -> DFlashDrafter:
         raise DrafterError(f"dflash_config.mask_token_id {cfg.mask_token_id} is outside the target vocab (0..{vocab - 1})")
     if cfg.block_size < 2:
         raise DrafterError(f"block_size {cfg.block_size} must be >= 2")
-    weights = {}
-    for f in sorted(path.glob("*.safetensors")):
-        weights.update({k.removeprefix("model."): v for k, v in mx.load(str(f)).items()})
-    for name, shape in drafter_weights_spec(cfg).items():
-        if name not in weights:
-            raise DrafterError(f"drafter tensor {name} is missing from {path}")
-        if tuple(weights[name].shape) != shape:
-            raise DrafterError(f"drafter tensor {name} has shape {tuple(weights[name].shape)}, config says {shape}")
+    weights = read_tensors(path, lambda k: k.removeprefix("model."))
+    check_tensors(weights, drafter_weights_spec(cfg), "drafter", path)
     drafter = DFlashDrafter(cfg)
     drafter.load_weights([(k, weights[k]) for k in drafter_weights_spec(cfg)])
     drafter.set_dtype(target_model.model.embed_tokens.weight.dtype)

@@ -35,6 +35,7 @@ from mlx_lm.models.cache import KVCache
 
 from engines.base import Draft, DrafterError, Engine, Unsupported, register
 from engines.cache import trim_attention
+from engines.checkpoint import check_tensors
 from engines.hidden import embed, final_norm, lm_head, num_layers
 
 NORMS = ("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight",
@@ -108,11 +109,7 @@ def load_mtp(path: Path, model: nn.Module) -> MTPHead:
                            "(mlx-lm conversions drop it; use the original Hugging Face checkpoint)")
     mtp = _stack_experts(mtp)
     expected = {k: tuple(v.shape) for k, v in tree_flatten(head.parameters())}
-    for name, shape in expected.items():
-        if name not in mtp:
-            raise DrafterError(f"MTP tensor mtp.{name} is missing from {path}")
-        if tuple(mtp[name].shape) != shape:
-            raise DrafterError(f"MTP tensor mtp.{name} has shape {tuple(mtp[name].shape)}, the target needs {shape}")
+    check_tensors({f"mtp.{k}": v for k, v in mtp.items()}, {f"mtp.{k}": v for k, v in expected.items()}, "MTP", path)
     if hf_form:
         mtp.update({k: mtp[k] + 1.0 for k in NORMS if k in mtp})  # Gemma-style (1 + w) RMSNorm
     dtype = model.model.embed_tokens.weight.dtype

@@ -11,6 +11,7 @@ import mlx.nn as nn
 
 from engines.cache import Rollback, make_cache
 from engines.hidden import capture_hidden
+from engines.tree import check_tree_capable, compact, tree_attention
 
 PREFILL_CHUNK = 2048
 
@@ -93,6 +94,20 @@ class Target:
             self.hidden = mx.concatenate(hidden, axis=1)
         self.rollback.stepped(len(tokens), snapshots)
         return mx.concatenate(logits, axis=0)
+
+    def verify_tree(self, tokens: list[int], parents: list[int]) -> mx.array:
+        """[root] + tree nodes in one forward, each node at its depth's position seeing
+        only its ancestors (engines/tree.py); logits [T, V]. Attention-only targets."""
+        check_tree_capable(self.cache)
+        with tree_attention(self.model, parents):
+            logits = self.forward(tokens)
+        self._tree_size = len(tokens)
+        return logits
+
+    def commit_tree(self, keep: list[int]) -> None:
+        """Keep tree entries `keep` (root and accepted path, increasing) and drop the rest."""
+        compact(self.cache, self._tree_size, keep)
+        self.offset -= self._tree_size - len(keep)
 
     def commit(self, n_keep: int) -> None:
         """Keep the first n_keep tokens of the last verify, drop the rest (exact or raise)."""

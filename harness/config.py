@@ -38,6 +38,9 @@ class MethodConfig:
     drafter: Optional[str] = None  # dflash: drafter dir or fixture:<name>; null = the fixture arch's own;
     #                                mtp: checkpoint holding mtp.* tensors; null = the target's own
     verify: str = "batched"  # batched: K+1 tokens in one target forward; sequential: one forward per token
+    depth: int = 4  # eagle3: tree depth (drafter steps per round)
+    top_k: int = 4  # eagle3: children per expanded node, and nodes expanded per depth
+    total_tokens: int = 16  # eagle3: tree nodes kept for verification
     min_ngram: int = 1  # ngram: shortest suffix n-gram to match
     max_ngram: int = 3  # ngram: longest suffix n-gram to match (tried first)
 
@@ -131,6 +134,11 @@ def validate(cfg) -> None:
         if cfg.method.min_ngram < 1 or cfg.method.max_ngram < cfg.method.min_ngram:
             raise ConfigError(f"ngram sizes min_ngram={cfg.method.min_ngram}, max_ngram={cfg.method.max_ngram} are "
                               "not valid; need 1 <= min_ngram <= max_ngram")
+    if "depth" in engine.knobs:
+        m = cfg.method
+        if m.depth < 1 or m.top_k < 1 or m.total_tokens < m.depth:
+            raise ConfigError(f"eagle3 tree depth={m.depth}, top_k={m.top_k}, total_tokens={m.total_tokens} is not "
+                              "valid; need depth >= 1, top_k >= 1 and total_tokens >= depth")
     _one_of("arch.dtype", cfg.arch.dtype, DTYPES)
     _one_of("method.verify", cfg.method.verify, ("batched", "sequential"))
     _one_of("kv.name", cfg.kv.name, KV_DTYPES)

@@ -80,10 +80,23 @@ FIXTURES: dict[str, dict] = {
 # DFlash drafters for the fixtures (z-lab layout): 2 layers conditioned on target
 # layers 1 and 3, block 8, the tokenizer's <|mask|> as mask token.
 MASK_TOKEN_ID = SPECIAL_TOKENS.index("<|mask|>")
-DFLASH = {name: {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+DFLASH = {name: {"architectures": ["DFlashDraftModel"], "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                  "head_dim": 32, "intermediate_size": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
                  "max_position_embeddings": 4096, "block_size": 8, "num_target_layers": FIXTURES[name]["num_hidden_layers"],
                  "dflash_config": {"target_layer_ids": [1, 3], "mask_token_id": MASK_TOKEN_ID}}
+          for name in FIXTURES}
+
+
+# EAGLE-3 drafters (speculators layout): features from the inputs of layers 1, 2, 3
+# and a 512-token draft vocabulary (the targets' most frequent choices, mapped by d2t).
+EAGLE3 = {name: {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                 "draft_vocab_size": 512, "target_hidden_size": 128, "norm_before_residual": False,
+                 "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+                 "transformer_layer_config": {"model_type": "llama", "hidden_size": 128, "num_attention_heads": 4,
+                                              "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256,
+                                              "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                                              "max_position_embeddings": 4096, "vocab_size": VOCAB_SIZE},
+                 "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": f"fixture:{name}"}}}
           for name in FIXTURES}
 
 
@@ -118,7 +131,7 @@ def fixture_dir(name: str) -> Path:
 
 def drafter_dir(kind: str, name: str) -> Path:
     """Path of the fixture drafter `kind` (dflash) for fixture `name`, assembled on first use."""
-    specs = {"dflash": DFLASH}
+    specs = {"dflash": DFLASH, "eagle3": EAGLE3}
     if kind not in specs or name not in specs[kind]:
         raise KeyError(f"no {kind} drafter for fixture {name!r}; available: "
                        f"{', '.join(f'{k}:{n}' for k, v in specs.items() for n in v)}")
@@ -134,7 +147,7 @@ def _write_drafter(spec: dict, weights: Path, dest: Path) -> None:
     if not weights.exists():
         raise FileNotFoundError(f"{weights} is missing; create it with `python -m harness.train_fixtures`")
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"], **spec}, indent=2))
+    (dest / "config.json").write_text(json.dumps(spec, indent=2))
     shutil.copyfile(weights, dest / "model.safetensors")
 
 

@@ -16,6 +16,7 @@ import mlx.core as mx
 
 from engines.base import Engine, NullProfiler
 from engines.sampling import Sampler, accept_deterministic, accept_speculative
+from engines.tree import accept_tree_greedy, tree_depths
 
 
 class Profiler:
@@ -44,11 +45,12 @@ class Prefill:
 
 @dataclass
 class Round:
-    drafted: int  # K tokens proposed
+    drafted: int  # K tokens proposed (for a tree: its depth, the longest path it could accept)
     accepted: int  # n of them accepted
     emitted: list[int]  # accepted drafts + bonus, cut at the token budget or a stop token
     seconds: float
     phases: dict[str, float] | None  # per-phase seconds when profiling, else None
+    tree_size: int = 0  # nodes in the draft tree (0 for chains)
 
 
 def generate(engine: Engine, prompt: list[int], max_new_tokens: int, sampler: Sampler,
@@ -86,12 +88,15 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
     if prof:
         prof.start()
     draft = engine.draft(history, budget - 1)
-    assert len(draft.tokens) <= budget - 1, f"{engine.name} drafted {len(draft.tokens)} > {budget - 1}"
+    reach = len(draft.tokens) if draft.parents is None else max(tree_depths(draft.parents), default=0)
+    assert reach <= budget - 1, f"{engine.name} drafted {reach} deep with {budget - 1} tokens left"
     if prof:
         prof.mark("draft", draft.q)
     logits = engine.verify(history[-1], draft)  # [K+1, V]
     if prof:
         prof.mark("verify", logits)
+    if draft.parents is not None:
+        return _tree_round(engine, draft, logits, sampler, pos, prof)
     if draft.q is not None and sampler.temperature > 0 and draft.tokens:
         n, bonus = accept_speculative(draft, logits, sampler, pos)
     else:
@@ -103,3 +108,18 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
         prof.mark("rollback", engine.state())
     emitted = [*draft.tokens[:n], bonus]
     return Round(len(draft.tokens), n, emitted, 0.0, prof.times if prof else None)
+
+
+def _tree_round(engine: Engine, draft, logits, sampler: Sampler, pos: int, prof: Profiler | None) -> Round:
+    # logits [1 + nodes, V]: accept the longest root-to-node path matching the target's greedy choices.
+    assert sampler.temperature == 0, "tree drafts are verified greedily; engines draft chains when sampling"
+    path, bonus = accept_tree_greedy(draft.tokens, draft.parents, sampler.choose(logits, pos).tolist())
+    draft.accepted_path = path
+    if prof:
+        prof.mark("accept")
+    engine.rollback(len(path), draft)
+    if prof:
+        prof.mark("rollback", engine.state())
+    emitted = [*(draft.tokens[i] for i in path), bonus]
+    return Round(max(tree_depths(draft.parents), default=0), len(path), emitted, 0.0,
+                 prof.times if prof else None, tree_size=len(draft.tokens))

@@ -60,7 +60,9 @@ class Generation:
                 proposed[i] += 1
                 accepted[i] += i < r.accepted
         n = len(self.rounds)
+        trees = [r.tree_size for r in self.rounds if r.tree_size]
         return {"rounds": n, "tau": self.decode_tokens / n if n else None,
+                "tree_size_mean": sum(trees) / len(trees) if trees else None,
                 "drafted": sum(r.drafted for r in self.rounds), "accepted": sum(r.accepted for r in self.rounds),
                 "accept_hist": hist, "proposed_at": proposed, "accepted_at": accepted}
 
@@ -129,7 +131,7 @@ def calibrate(target: Target, ids: list[int], block: int, n: int = 5) -> dict:
             "verify_cost_ratio": verify[block] / verify[1]}
 
 
-def context_scaling(engine: Engine, ids: list[int], sampler: Sampler, new_tokens: int = 16) -> dict:
+def context_scaling(engine: Engine, ids: list[int], sampler: Sampler, new_tokens: int = 8) -> dict:
     """Mean verify ms per round at the prompt's context and at a 4x longer one (profiled runs).
 
     Incremental verify (most methods) should stay flat; a method that re-reads the
@@ -148,6 +150,8 @@ def _round_table(gen: Generation) -> dict:
     # Column-oriented per-round arrays: compact in JSON, direct to a DataFrame.
     table = {"drafted": [r.drafted for r in gen.rounds], "accepted": [r.accepted for r in gen.rounds],
              "ms": [round(r.seconds * 1e3, 4) for r in gen.rounds]}
+    if any(r.tree_size for r in gen.rounds):
+        table["tree_size"] = [r.tree_size for r in gen.rounds]
     phases = sorted({p for r in gen.rounds for p in (r.phases or {})})
     if phases:
         table["phase_ms"] = {p: [round((r.phases or {}).get(p, 0.0) * 1e3, 4) for r in gen.rounds]
@@ -246,6 +250,8 @@ def _summary(items: list[dict], reps_m: list[list[Generation]], reps_b: list[lis
     out["earliest_divergence"] = min(firsts) if firsts else None
     out["matched_fraction"] = statistics.mean(i["matched_fraction"] for i in items)
     out["nondeterministic_prompts"] = sum(not i["deterministic"] for i in items)
+    trees = [i["tree_size_mean"] for i in items if i.get("tree_size_mean")]
+    out["tree_size_mean"] = statistics.mean(trees) if trees else None
     if reps_b:
         tps_b = [_tps(gens) for gens in reps_b]
         paired = stats.Paired(tps_m, tps_b).summary()

@@ -32,10 +32,11 @@ def test_qwen35_sweep_then_report_end_to_end_and_rerun_skips(tmp_path):
     r = harness(*sweep, *QUICK, f"out_dir={out}")
     assert r.returncode == 0, r.stderr
     recs = records(out)
-    # base x 2 kv (block size ignored, so run once) + (ngram, dflash_a, dflash_c, mtp) x 2 block sizes x 2 kv
-    assert len(recs) == 18, sorted(recs)
+    # base and eagle3 x 2 kv (block size ignored, so run once each)
+    # + (ngram, dflash_a, dflash_c, mtp) x 2 block sizes x 2 kv
+    assert len(recs) == 20, sorted(recs)
     assert all(rec["status"] == "ok" for rec in recs.values()), [rec.get("reason") for rec in recs.values()]
-    assert r.stderr.count("same cell as an earlier job") == 2
+    assert r.stderr.count("same cell as an earlier job") == 4
     ngram = [rec for rec in recs.values() if rec["cell"]["method"]["name"] == "ngram"]
     assert {rec["cell"]["method"]["block_size"] for rec in ngram} == {2, 4}
     dflash = [rec for rec in recs.values() if rec["cell"]["method"]["name"].startswith("dflash")]
@@ -55,13 +56,13 @@ def test_qwen35_sweep_then_report_end_to_end_and_rerun_skips(tmp_path):
     assert rep.returncode == 0, rep.stderr
     assert "### qwen35" in rep.stdout and "| method" in rep.stdout
     table_rows = [line for line in rep.stdout.splitlines()
-                  if line.startswith(("| base", "| ngram", "| dflash", "| mtp"))]
-    assert len(table_rows) == 18
+                  if line.startswith(("| base", "| ngram", "| dflash", "| mtp", "| eagle3"))]
+    assert len(table_rows) == 20
     assert (out / "report.csv").exists() and (out / "prompts.csv").exists()
 
     again = harness(*sweep, *QUICK, f"out_dir={out}")
     assert again.returncode == 0
-    assert again.stderr.count("already recorded") == 18
+    assert again.stderr.count("already recorded") == 20
     assert {p: p.stat().st_mtime_ns for p in out.glob("*.json")} == mtimes
 
 
@@ -88,7 +89,7 @@ def _bad_inputs(tmp: Path):
     return {
         "missing model dir": (["arch.model=/nonexistent/model"], "does not exist"),
         "dir without config.json": ([f"arch.model={empty}"], "no config.json"),
-        "unknown method": (["method=foo"], "available: base, control, dflash_a, dflash_c, mtp, ngram"),
+        "unknown method": (["method=foo"], "available: base, control, dflash_a, dflash_c, eagle3, mtp, ngram"),
         "block_size=1": (["method=ngram", "method.block_size=1"], "block_size"),
         "missing prompt file": ([f"bench.suite={tmp / 'nope.jsonl'}"], "does not exist"),
         "unreadable prompt file": ([f"bench.suite={tmp}"], "cannot be read"),

@@ -1,0 +1,159 @@
+"""EAGLE-3: tree masks, tree verify + compaction, losslessness, checkpoint layouts."""
+
+import json
+import random
+import shutil
+from types import SimpleNamespace
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+from engines.base import DrafterError
+from engines.eagle3 import Eagle3, load_eagle3
+from engines.target import Target
+from engines.tree import _tree_mask_fn, accept_tree_greedy, depths_and_ancestors
+from harness import fixtures
+from tests.conftest import ARCHS
+from tests.helpers import base_engine, generate_ids
+from tests.test_lossless import NEW_TOKENS, _units
+from tests.test_rollback import TOL, _max_diff
+
+#        root
+#       /    \
+#      0      1
+#     / \      \
+#    2   3      4
+#        |
+#        5
+PARENTS = [-1, -1, 0, 0, 1, 3]
+
+
+def eagle_cfg(arch, depth=4, top_k=4, total_tokens=16):
+    return SimpleNamespace(drafter=str(fixtures.drafter_dir("eagle3", arch)), verify="batched", depth=depth,
+                           top_k=top_k, total_tokens=total_tokens)
+
+
+def test_each_node_sees_exactly_its_ancestors_and_itself():
+    depth, anc = depths_and_ancestors(PARENTS)
+    assert depth == [0, 1, 1, 2, 2, 2, 3]
+    want = {0: {0}, 1: {0, 1}, 2: {0, 2}, 3: {0, 1, 3}, 4: {0, 1, 4}, 5: {0, 2, 5}, 6: {0, 1, 4, 6}}
+    for i, row in enumerate(anc.tolist()):
+        assert {j for j, v in enumerate(row) if v} == want[i]
+
+
+def test_tree_mask_adds_the_committed_prefix_and_the_sliding_window():
+    depth, anc = depths_and_ancestors(PARENTS)
+    fn = _tree_mask_fn(mx.array(depth), anc)
+    kv = KVCache()
+    kv.update_and_fetch(mx.zeros((1, 1, 10, 4)), mx.zeros((1, 1, 10, 4)))
+    mask = fn(mx.zeros((1, 7, 8)), kv)
+    assert mask.shape == (7, 17)
+    assert mask[:, :10].all().item()  # the whole committed prefix
+    assert mx.array_equal(mask[:, 10:], anc).item()
+    rot = RotatingKVCache(max_size=4)
+    rot.update_and_fetch(mx.zeros((1, 1, 10, 4)), mx.zeros((1, 1, 10, 4)))
+    mask = fn(mx.zeros((1, 7, 8)), rot, window_size=4)
+    assert mask.shape == (7, 3 + 7)  # a window of 4 keeps the last 3 committed positions
+    # root at position 10 sees 7, 8, 9; a depth-3 node (position 13) sees none of them
+    assert mask[0, :3].tolist() == [True, True, True] and mask[6, :3].tolist() == [False, False, False]
+    assert mask[1, :3].tolist() == [False, True, True]  # depth 1, position 11: sees 8 and 9
+    assert mask[3, :3].tolist() == [False, False, True]  # depth 2, position 12: sees 9 only
+
+
+def test_greedy_tree_acceptance_walks_the_matching_path():
+    tokens = [10, 11, 20, 21, 30, 40]
+    # choices per tree index (0 = root): root -> 10 (node 0), node 0 -> 21 (node 3), node 3 -> 40 (node 5)
+    choices = [10, 21, 99, 98, 40, 97, 7]  # ... and at node 5 (tree index 6) the target says 7: the bonus
+    assert accept_tree_greedy(tokens, PARENTS, choices) == ([0, 3, 5], 7)
+    assert accept_tree_greedy(tokens, PARENTS, [12, 0, 0, 0, 0, 0, 0]) == ([], 12)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma4", "gemma4_moe"])
+def test_compacted_cache_equals_a_fresh_run_over_the_accepted_path(models, arch):
+    model, _ = models[arch]
+    rng = random.Random(1)
+    prompt = [rng.randrange(1000) for _ in range(40)]  # past gemma's window of 32
+    t, fresh = Target(model), Target(model)
+    t.prefill(prompt)
+    fresh.prefill(prompt)
+    for _ in range(5):
+        root, nodes = rng.randrange(1000), [rng.randrange(1000) for _ in PARENTS]
+        t.verify_tree([root, *nodes], PARENTS)
+        path = rng.choice([[], [0], [1], [0, 2], [0, 3, 5], [1, 4]])  # root-to-node paths of PARENTS
+        keep = [0, *(i + 1 for i in path)]
+        t.commit_tree(keep)
+        fresh.forward([root, *(nodes[i] for i in path)])
+    assert _max_diff(t, fresh) <= TOL
+    assert mx.abs(t.verify([7, 8]) - fresh.forward([7, 8])).max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_eagle3_greedy_output_is_identical_to_base(models, arch):
+    model, tok = models[arch]
+    eng = Eagle3(Target(model), eagle_cfg(arch))
+    tokens = rounds = trees = 0
+    for _, ids in list(_units(tok))[::3]:
+        got = generate_ids(eng, ids, NEW_TOKENS)
+        assert got.tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        tokens, rounds = tokens + got.decode_tokens, rounds + len(got.rounds)
+        trees += sum(r.tree_size > 0 for r in got.rounds)
+    assert (trees > 0) == (arch != "qwen35"), "trees on attention targets, chains on the hybrid"
+    assert tokens / rounds > 1.3, f"tau {tokens / rounds:.2f}"
+
+
+def test_sampling_drafts_a_chain_and_keeps_running(models):
+    model, tok = models["llama"]
+    ids = next(_units(tok))[1]
+    got = generate_ids(Eagle3(Target(model), eagle_cfg("llama")), ids, 24, temperature=1.0, seed=3)
+    assert len(got.tokens) == 24 and all(r.tree_size == 0 for r in got.rounds)
+
+
+def _eagle_layout(tmp_path):
+    """The llama fixture drafter rewritten in SafeAILab's EAGLE-3 layout."""
+    src = fixtures.drafter_dir("eagle3", "llama")
+    cfg = json.loads((src / "config.json").read_text())
+    flat = {**cfg["transformer_layer_config"], "draft_vocab_size": cfg["draft_vocab_size"],
+            "eagle_aux_hidden_state_layer_ids": cfg["eagle_aux_hidden_state_layer_ids"]}
+    dst = tmp_path / "safeailab"
+    dst.mkdir()
+    (dst / "config.json").write_text(json.dumps(flat))
+    w = mx.load(str(src / "model.safetensors"))
+    mx.save_safetensors(str(dst / "model.safetensors"),
+                        {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v
+                         for k, v in w.items()})
+    return dst
+
+
+def test_speculators_and_safeailab_layouts_load_the_same_drafter(models, tmp_path):
+    model, _ = models["llama"]
+    a = load_eagle3(fixtures.drafter_dir("eagle3", "llama"), model)
+    b = load_eagle3(_eagle_layout(tmp_path), model)
+    assert a.config.layout == "speculators" and b.config.layout == "eagle"
+    from mlx.utils import tree_flatten
+    pa, pb = dict(tree_flatten(a.parameters())), dict(tree_flatten(b.parameters()))
+    assert pa.keys() == pb.keys() and all(mx.array_equal(pa[k], pb[k]).item() for k in pa)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c, w: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 9]), "must be 3 layer ids in 1..4"),
+    (lambda c, w: c.update(target_hidden_size=64), "target_hidden_size 64 != target hidden size 128"),
+    (lambda c, w: w.pop("fc.weight"), "fc.weight is missing"),
+    (lambda c, w: w.update(d2t=w["d2t"] + 5000), "d2t maps draft ids outside the target vocab"),
+])
+def test_bad_eagle3_drafters_give_one_line_errors(models, tmp_path, edit, message):
+    src = fixtures.drafter_dir("eagle3", "llama")
+    dst = tmp_path / "bad"
+    shutil.copytree(src, dst)
+    cfg, w = json.loads((dst / "config.json").read_text()), mx.load(str(dst / "model.safetensors"))
+    edit(cfg, w)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    mx.save_safetensors(str(dst / "model.safetensors"), w)
+    with pytest.raises(DrafterError) as e:
+        load_eagle3(dst, models["llama"][0])
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_default_aux_layers_follow_the_reference():
+    from engines.eagle3 import default_aux_layers
+    assert default_aux_layers(32) == (2, 16, 29)
