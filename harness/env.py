@@ -63,6 +63,13 @@ def blas_kind(path: str) -> str:
 
 
 def git_sha() -> dict:
+    """The harness's git commit; SPEC_HARNESS_GIT_SHA stands in where the tree has no .git
+    (a copied working tree, e.g. on a remote GPU machine)."""
+    import os
+
+    if os.environ.get("SPEC_HARNESS_GIT_SHA"):
+        return {"sha": os.environ["SPEC_HARNESS_GIT_SHA"], "dirty": None}
+
     def git(*args):
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
 
@@ -92,7 +99,7 @@ def environment() -> dict:
         "mlx": _version("mlx"), "mlx_lm": _version("mlx-lm"), "mlx_backend_pkg": _version("mlx-cuda-13") or _version("mlx-cpu"),
         "python": platform.python_version(), "platform": platform.platform(),
         "machine": platform.machine(), "processor": _cpu_name(),
-        "device": str(device), "backend": backend, "device_info": info,
+        "device": str(device), "device_name": info.get("device_name"), "backend": backend, "device_info": info,
         "blas": blas, "blas_kind": blas_kind(blas) if blas else backend,
         "git": git_sha(),
     }

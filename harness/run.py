@@ -132,6 +132,8 @@ def _known_unsupported(e: Exception) -> str | None:
         return f"KV quantization group does not divide the head dim ({msg.split('.')[0]}); try kv.group_size=32"
     if "only supports float32" in msg:
         return f"this op runs only in float32 on this backend: {msg}"
+    if "[quantized_matmul] No implementation" in msg:
+        return f"this backend has no quantized KV attention kernel for these shapes/dtype ({msg.split(',')[0]})"
     return None
 
 

@@ -24,7 +24,7 @@ def header(root: Path, records) -> str:
     return "\n".join([
         f"# Speculative decoding report: `{root.name}`", "",
         "## Setup", "",
-        f"- Hardware: {env('processor')}; device {env('device')}, backend {env('backend')}",
+        f"- Hardware: {env('processor')}; device {env('device')} ({env('device_name')}), backend {env('backend')}",
         f"- BLAS: {env('blas_kind')} ({env('blas')})",
         f"- Software: mlx {env('mlx')}, mlx-lm {env('mlx_lm')}, Python {env('python')}, {env('platform')}",
         f"- Harness: git {git}; {len(records)} records, "
