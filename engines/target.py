@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from engines.cache import Rollback, make_cache
+from engines.cache import Rollback, make_cache, trim_attention
 from engines.hidden import capture_hidden
 from engines.tree import check_tree_capable, compact, tree_attention
 
@@ -108,6 +108,20 @@ class Target:
         """Keep tree entries `keep` (root and accepted path, increasing) and drop the rest."""
         compact(self.cache, self._tree_size, keep)
         self.offset -= self._tree_size - len(keep)
+
+    def mark(self) -> tuple:
+        """Where the cache is now, to rewind() to later (recurrent states by reference)."""
+        return self.offset, [(i, list(self.cache[i].cache)) for i in self.rollback.recurrent]
+
+    def rewind(self, mark: tuple) -> None:
+        """Drop everything fed since mark(): attention caches are trimmed exactly, recurrent
+        states restored (their arrays are never modified in place)."""
+        offset, recurrent = mark
+        for c in self.rollback.attention:
+            trim_attention(c, self.offset - offset)
+        for i, saved in recurrent:
+            self.cache[i].cache = list(saved)
+        self.offset = offset
 
     def commit(self, n_keep: int) -> None:
         """Keep the first n_keep tokens of the last verify, drop the rest (exact or raise)."""

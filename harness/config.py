@@ -51,7 +51,8 @@ class BenchConfig:
     categories: List[str] = field(default_factory=list)  # keep only these categories; empty = all
     max_prompts: Optional[int] = None  # first N prompts after filtering; null = all
     max_new_tokens: int = 64
-    warmup: int = 1  # generations per arm before timing (first calls compile)
+    warmup: int = 1  # untimed generations per arm before timing (first calls compile)
+    warmup_scope: str = "auto"  # first: before the first prompt; every: before each prompt; auto: every on GPUs
     reps: int = 3  # timed generations per arm and prompt, interleaved method/base
     cooldown_s: float = 0.0  # sleep between reps (laptops throttle: 60 s is common there)
     seed: int = 0
@@ -141,6 +142,7 @@ def validate(cfg) -> None:
                               "valid; need depth >= 1, top_k >= 1 and total_tokens >= depth")
     _one_of("arch.dtype", cfg.arch.dtype, DTYPES)
     _one_of("method.verify", cfg.method.verify, ("batched", "sequential"))
+    _one_of("bench.warmup_scope", cfg.bench.warmup_scope, ("auto", "first", "every"))
     _one_of("kv.name", cfg.kv.name, KV_DTYPES)
     _one_of("kv.group_size", cfg.kv.group_size, (32, 64, 128))
     _one_of("rollback", cfg.rollback, ROLLBACKS)

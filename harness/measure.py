@@ -112,20 +112,27 @@ def divergence_margin(target: Target, ids: list[int], reference: list[int], toke
 
 
 def calibrate(target: Target, ids: list[int], block: int, n: int = 5) -> dict:
-    """Target cost of a verify over 1..block tokens at this context (ms, medians of n)."""
+    """Target cost of a verify over 1..block tokens at this context (ms, medians of n).
+
+    Every call starts from the same cache (the prompt), so its shapes repeat: the
+    first call per size, which pays any JIT compile (GPU backends), is not timed."""
     target.prefill(ids)
     mx.eval([c.state for c in target.cache])
+    start = target.mark()
     pending = ids[-1]
 
     def once(tokens):
         t0 = time.perf_counter()
         mx.eval(target.verify(tokens), [c.state for c in target.cache])
         dt = time.perf_counter() - t0
-        target.commit(1)
+        target.rewind(start)
         mx.eval([c.state for c in target.cache])
         return dt * 1e3
 
-    verify = {t: statistics.median(once([pending] * t) for _ in range(n)) for t in range(1, block + 1)}
+    verify = {}
+    for t in range(1, block + 1):
+        once([pending] * t)  # warm-up for this shape
+        verify[t] = statistics.median(once([pending] * t) for _ in range(n))
     return {"context": len(ids), "block": block, "decode_ms": verify[1], "verify_ms": verify[block],
             "verify_ms_by_tokens": {str(t): ms for t, ms in verify.items()},
             "verify_cost_ratio": verify[block] / verify[1]}
@@ -138,6 +145,7 @@ def context_scaling(engine: Engine, ids: list[int], sampler: Sampler, new_tokens
     whole context every round (dflash_c) grows with it."""
     out = {}
     for label, context in (("short", ids), ("long", (ids * 4)[: max(4 * len(ids), 64)])):
+        run_generation(engine, context, new_tokens, sampler)  # warm-up: new shapes compile on GPU backends
         gen = run_generation(engine, context, new_tokens, sampler, profile=True)
         verify = [r.phases["verify"] for r in gen.rounds if r.phases]
         out[label] = {"context": len(context), "verify_ms": 1e3 * statistics.mean(verify) if verify else None}
@@ -175,14 +183,16 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
     items, reps_m, reps_b = [], [[] for _ in range(bench.reps)], [[] for _ in range(bench.reps)]
     answers: dict[str, list[str]] = {}
     calibration = None
+    warm_every = warmup_every_prompt(bench)
     for u, (prompt, turn) in enumerate(units):
         ids = encode_turn(tokenizer, prompt, turn, answers.get(prompt.id, []), bench.chat_template)
         run = lambda eng, profile=False: run_generation(eng, ids, bench.max_new_tokens, sampler, profile, stop)
-        if u == 0:
+        if u == 0 or warm_every:
             for _ in range(bench.warmup):
                 run(arms.method)
                 if arms.base:
                     run(arms.base)
+        if u == 0:
             calibration = calibrate(arms.method.target, ids, arms.block)
             if arms.block > 1:
                 calibration["context_scaling"] = context_scaling(arms.method, ids, sampler)
@@ -208,6 +218,14 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
     summary = _summary(items, reps_m, reps_b if arms.base else None)
     summary["model"] = speedup_model(items, summary, calibration, arms.block)
     return {"prompts": items, "calibration": calibration, "summary": summary}
+
+
+def warmup_every_prompt(bench) -> bool:
+    """GPU backends JIT-compile kernels per shape, and every prompt brings new shapes:
+    warm up on each prompt there; on the CPU the first prompt suffices."""
+    if bench.warmup_scope == "auto":
+        return mx.default_device().type != mx.cpu
+    return bench.warmup_scope == "every"
 
 
 def _prompt_item(prompt: Prompt, turn: int, ids, gm: list[Generation], gb: list[Generation],
