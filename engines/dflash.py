@@ -29,6 +29,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache
+from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
 from engines.base import Draft, DrafterError, Engine, register
@@ -140,22 +141,11 @@ class DFlashAttention(nn.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
-class DFlashMLP(nn.Module):
-    def __init__(self, h: int, inter: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(h, inter, bias=False)
-        self.up_proj = nn.Linear(h, inter, bias=False)
-        self.down_proj = nn.Linear(inter, h, bias=False)
-
-    def __call__(self, x):
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DFlashLayer(nn.Module):
     def __init__(self, cfg: DFlashConfig, sliding: bool):
         super().__init__()
         self.self_attn = DFlashAttention(cfg, sliding)
-        self.mlp = DFlashMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)  # SwiGLU gate/up/down, as in Qwen3
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
@@ -304,6 +294,8 @@ class DFlashA(DFlash):
 @register("dflash_c")
 class DFlashC(DFlash):
     """Option C: every round re-prefills prompt + output + block from position 0."""
+
+    incremental_verify = False  # the speedup model must take its verify cost from the profile
 
     def draft(self, history, max_tokens):
         self.sequence = history  # prompt + output, pending last

@@ -35,6 +35,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
 from engines.base import Draft, DrafterError, Engine, register
@@ -145,7 +146,7 @@ class Eagle3Layer(nn.Module):
         self.hidden_norm = nn.RMSNorm(h, eps=c.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(h, eps=c.rms_norm_eps)
         self.self_attn = Eagle3Attention(c)
-        self.mlp = _MLP(h, c.intermediate_size)
+        self.mlp = MLP(h, c.intermediate_size)  # SwiGLU gate/up/down, as in Llama
 
     def __call__(self, embeds, feats, cache, offset, extra=None, mask=None):
         g = self.hidden_norm(feats)
@@ -153,17 +154,6 @@ class Eagle3Layer(nn.Module):
         out, kv = self.self_attn(x, cache, offset, extra, mask)
         h = (g if self.norm_before_residual else feats) + out
         return h + self.mlp(self.post_attention_layernorm(h)), kv
-
-
-class _MLP(nn.Module):
-    def __init__(self, h, inter):
-        super().__init__()
-        self.gate_proj = nn.Linear(h, inter, bias=False)
-        self.up_proj = nn.Linear(h, inter, bias=False)
-        self.down_proj = nn.Linear(inter, h, bias=False)
-
-    def __call__(self, x):
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Eagle3Drafter(nn.Module):

@@ -216,7 +216,8 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
         if progress:
             progress(u + 1, len(units))
     summary = _summary(items, reps_m, reps_b if arms.base else None)
-    summary["model"] = speedup_model(items, summary, calibration, arms.block)
+    summary["model"] = speedup_model(items, summary, calibration, arms.block,
+                                     getattr(arms.method, "incremental_verify", True))
     return {"prompts": items, "calibration": calibration, "summary": summary}
 
 
@@ -297,7 +298,8 @@ def phase_means(items: list[dict]) -> dict[str, float]:
     return {p: t / rounds for p, t in totals.items()} if rounds else {}
 
 
-def speedup_model(items: list[dict], summary: dict, calibration: dict | None, block: int) -> dict | None:
+def speedup_model(items: list[dict], summary: dict, calibration: dict | None, block: int,
+                  incremental: bool = True) -> dict | None:
     """Predicted speedup from component costs and the measured acceptance rate (harness/stats)."""
     if calibration is None or block < 2:
         return None
@@ -314,7 +316,11 @@ def speedup_model(items: list[dict], summary: dict, calibration: dict | None, bl
     for i in items:
         for k in i["rounds_detail"]["drafted"]:
             counts[k] = counts.get(k, 0) + 1
-    mix = stats.RoundMix(counts, {k: (verify[min(k + 1, block)] + overhead) / decode for k in counts})
+    if incremental:
+        cost = {k: (verify[min(k + 1, block)] + overhead) / decode for k in counts}
+    else:  # the method's verify is not the target's incremental one (dflash_c re-prefills): take it as profiled
+        cost = {k: (phases.get("verify", 0.0) + overhead) / decode for k in counts}
+    mix = stats.RoundMix(counts, cost)
     out.update({"overhead_ms": overhead, "round_cost_ratio": mix.total_cost() / sum(counts.values()),
                 "drafted_rounds": {str(k): n for k, n in sorted(counts.items())},
                 "predicted_speedup": mix.predicted_speedup(a), "break_even_acceptance": mix.break_even_acceptance()})
