@@ -7,8 +7,10 @@ Protocol per cell:
    step and of one verify over K+1 tokens (median of a few), for the speedup model;
 3. per prompt, `reps` timed generations alternating method, base, method, base...
    (optional cool-down between reps), so every ratio comes from runs side by side;
-4. with bench.profile, one more method generation with per-phase barriers; it
-   feeds the phase profile only, never tok/s.
+4. with bench.profile, one more generation of each arm with per-phase barriers; they
+   feed the phase profile and the speedup model only, never tok/s. The model's unit
+   is that profiled base step, measured next to the method's profiled rounds with
+   the same barriers, so its cost ratios are side by side like the speedups.
 The base arm's first output is the reference for divergence; where a method leaves
 it, the base logits there are inspected (top-1/top-2 margin) to tell numerical
 near-ties from bugs.
@@ -111,11 +113,12 @@ def divergence_margin(target: Target, ids: list[int], reference: list[int], toke
             "reference_margin": (logits[top1] - logits[top2]).item(), "method_token_rank": rank}
 
 
-def calibrate(target: Target, ids: list[int], block: int, n: int = 5) -> dict:
+def calibrate(target: Target, ids: list[int], block: int, n: int = 7) -> dict:
     """Target cost of a verify over 1..block tokens at this context (ms, medians of n).
 
     Every call starts from the same cache (the prompt), so its shapes repeat: the
-    first call per size, which pays any JIT compile (GPU backends), is not timed."""
+    first call per size, which pays any JIT compile (GPU backends), is not timed.
+    Sizes are interleaved within each pass so that drift hits them all alike."""
     target.prefill(ids)
     mx.eval([c.state for c in target.cache])
     start = target.mark()
@@ -129,10 +132,11 @@ def calibrate(target: Target, ids: list[int], block: int, n: int = 5) -> dict:
         mx.eval([c.state for c in target.cache])
         return dt * 1e3
 
-    verify = {}
-    for t in range(1, block + 1):
+    sizes = range(1, block + 1)
+    for t in sizes:
         once([pending] * t)  # warm-up for this shape
-        verify[t] = statistics.median(once([pending] * t) for _ in range(n))
+    passes = [[once([pending] * t) for t in sizes] for _ in range(n)]
+    verify = {t: statistics.median(p[i] for p in passes) for i, t in enumerate(sizes)}
     return {"context": len(ids), "block": block, "decode_ms": verify[1], "verify_ms": verify[block],
             "verify_ms_by_tokens": {str(t): ms for t, ms in verify.items()},
             "verify_cost_ratio": verify[block] / verify[1]}
@@ -173,6 +177,7 @@ class Arms:
     base: Engine | None  # the reference arm (base decoding unless cfg.reference says otherwise); None if
     #                      the method is the reference itself
     block: int = 1  # tokens the method verifies per full round (K + 1)
+    reference_is_base: bool = True  # False when paired against another method (the model's unit is base)
 
 
 def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=None) -> dict:
@@ -209,6 +214,8 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
         answers.setdefault(prompt.id, []).append(tokenizer.decode(ref.tokens))
         prof = run(arms.method, profile=True) if bench.profile else None
         item = _prompt_item(prompt, turn, ids, gm, gb, prof)
+        if prof and arms.base and arms.reference_is_base:
+            item["base_profile"] = _phase_totals(run(arms.base, profile=True))
         if item["first_divergence"] is not None:
             item["divergence"] = divergence_margin(arms.method.target, ids, ref.tokens, gm[0].tokens,
                                                    item["first_divergence"])
@@ -284,6 +291,25 @@ def _summary(items: list[dict], reps_m: list[list[Generation]], reps_b: list[lis
     return out
 
 
+def _phase_totals(gen: Generation) -> dict:
+    # A profiled generation summed per phase: its rounds and total ms of each phase.
+    totals: dict[str, float] = {}
+    for r in gen.rounds:
+        for p, sec in (r.phases or {}).items():
+            totals[p] = totals.get(p, 0.0) + sec * 1e3
+    return {"rounds": len(gen.rounds), "phase_ms": totals}
+
+
+def base_step(items: list[dict]) -> dict | None:
+    """Mean ms of the profiled base arm's round (one decode step) and of its verify phase."""
+    profs = [i["base_profile"] for i in items if i.get("base_profile")]
+    rounds = sum(p["rounds"] for p in profs)
+    if not rounds:
+        return None
+    verify = sum(p["phase_ms"].get("verify", 0.0) for p in profs) / rounds
+    return {"round_ms": sum(sum(p["phase_ms"].values()) for p in profs) / rounds, "verify_ms": verify}
+
+
 def phase_means(items: list[dict]) -> dict[str, float]:
     """Mean ms per round of each profiled phase, over every profiled round of the cell."""
     totals: dict[str, float] = {}
@@ -300,7 +326,12 @@ def phase_means(items: list[dict]) -> dict[str, float]:
 
 def speedup_model(items: list[dict], summary: dict, calibration: dict | None, block: int,
                   incremental: bool = True) -> dict | None:
-    """Predicted speedup from component costs and the measured acceptance rate (harness/stats)."""
+    """Predicted speedup of the profiled rounds from component costs (harness/stats).
+
+    Unit: one profiled base decode step (verify + accept + rollback), or the calibrated
+    single-token verify where no base arm was profiled. A round with K drafts costs
+    the calibrated verify ratio (K+1 tokens over 1) times the base step's verify, plus
+    the method's other profiled phases."""
     if calibration is None or block < 2:
         return None
     phases = phase_means(items)
@@ -309,19 +340,27 @@ def speedup_model(items: list[dict], summary: dict, calibration: dict | None, bl
            "verify_cost_ratio": calibration["verify_cost_ratio"]}
     if not phases:
         return out  # without a profile the cost of drafting is unknown
+    ratio = {int(t): ms / calibration["decode_ms"] for t, ms in calibration["verify_ms_by_tokens"].items()}
+    base = base_step(items)
+    unit, verify1 = (base["round_ms"], base["verify_ms"]) if base else (calibration["decode_ms"],) * 2
     overhead = sum(ms for p, ms in phases.items() if p not in MODEL_PHASES)
-    decode = calibration["decode_ms"]
-    verify = {int(t): ms for t, ms in calibration["verify_ms_by_tokens"].items()}
     counts: dict[int, int] = {}
+    tokens = 0
     for i in items:
-        for k in i["rounds_detail"]["drafted"]:
+        detail = i["rounds_detail"]
+        tokens += sum(detail["accepted"]) + len(detail["accepted"])
+        for k in detail["drafted"]:
             counts[k] = counts.get(k, 0) + 1
     if incremental:
-        cost = {k: (verify[min(k + 1, block)] + overhead) / decode for k in counts}
+        cost = {k: (ratio[min(k + 1, block)] * verify1 + overhead) / unit for k in counts}
     else:  # the method's verify is not the target's incremental one (dflash_c re-prefills): take it as profiled
-        cost = {k: (phases.get("verify", 0.0) + overhead) / decode for k in counts}
+        cost = {k: (phases.get("verify", 0.0) + overhead) / unit for k in counts}
     mix = stats.RoundMix(counts, cost)
-    out.update({"overhead_ms": overhead, "round_cost_ratio": mix.total_cost() / sum(counts.values()),
+    rounds = sum(counts.values())
+    out.update({"unit_ms": unit, "unit": "base profile" if base else "calibration", "overhead_ms": overhead,
+                "round_cost_ratio": mix.total_cost() / rounds, "break_even_tau": mix.total_cost() / rounds,
+                "profiled_tau": tokens / rounds, "iid_acceptance": mix.iid_acceptance(tokens),
                 "drafted_rounds": {str(k): n for k, n in sorted(counts.items())},
-                "predicted_speedup": mix.predicted_speedup(a), "break_even_acceptance": mix.break_even_acceptance()})
+                "predicted_speedup": mix.speedup_for_tokens(tokens),
+                "break_even_acceptance": mix.break_even_acceptance()})
     return out

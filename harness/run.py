@@ -103,7 +103,7 @@ def _build_arms(model, cfg) -> Arms:
         raise ConfigError(f"{e} (method.drafter={cfg.method.drafter})") from None
     block = getattr(method, "block", None) or (cfg.method.block_size if "block_size" in method.knobs else 1)
     reference = None if method.name == get_engine(cfg.reference).name else engine(cfg.reference, _method_cfg(cfg, cfg.reference))
-    return Arms(method, reference, block)
+    return Arms(method, reference, block, reference_is_base=get_engine(cfg.reference).name == "base")
 
 
 def _method_cfg(cfg, name: str):

@@ -6,12 +6,16 @@ their ratio r_i, measured side by side. The speedup is the median of the r_i; it
 confidence interval is a t-interval on log r_i (ratios are multiplicative, so their
 logs are the scale on which noise is symmetric), deterministic and reproducible.
 
-Speedup model (Leviathan et al. 2023): with per-token acceptance rate a and K drafts,
-a round yields E(a, K) = (1 - a^(K+1)) / (1 - a) tokens on average and costs
+Speedup model (Leviathan et al. 2023): with per-token acceptance probability alpha
+(of a draft, given that those before it were accepted) and K drafts, a round yields
+E(alpha, K) = (1 - alpha^(K+1)) / (1 - alpha) tokens on average and costs
 c_K = (verify over K+1 tokens + the round's other phases) / (one decode step). Methods
 whose drafts vary in length (n-gram proposes nothing without a match) are a mixture
-of rounds: predicted speedup = sum E(a, K_r) / sum c_(K_r) over the rounds r, and
-the method breaks even at the a where the two sums are equal.
+of rounds. The predicted speedup takes the tokens the rounds really yielded:
+sum tokens_r / sum c_(K_r). The break-even tau is the mean c; alpha is estimated as
+the rate at which sum E(alpha, K_r) equals the measured tokens (acceptance is rarely
+independent across positions, and the common accepted/drafted rate is not alpha), and
+the break-even alpha is the rate at which sum E(alpha, K_r) = sum c_(K_r).
 """
 
 from __future__ import annotations
@@ -90,20 +94,29 @@ class RoundMix:
         return sum(n * self.cost[k] for k, n in self.counts.items())
 
     def predicted_speedup(self, a: float) -> float:
+        """Speedup if acceptance were independent across positions at rate a."""
         return self.tokens(a) / self.total_cost()
+
+    def speedup_for_tokens(self, tokens: float) -> float:
+        """Speedup of these rounds given the tokens they actually yielded."""
+        return tokens / self.total_cost()
 
     def break_even_acceptance(self) -> float | None:
         """Acceptance rate a at which the mixture is exactly as fast as base decoding;
         0 if it is never slower, None if even a = 1 cannot pay for its rounds."""
-        target = self.total_cost()
-        if self.tokens(0.0) >= target:
+        return self.iid_acceptance(self.total_cost())
+
+    def iid_acceptance(self, tokens: float) -> float | None:
+        """The a at which these rounds would yield `tokens` with independent acceptance
+        (0 if fewer than the bonus tokens alone, None if more than a = 1 gives)."""
+        if self.tokens(0.0) >= tokens:
             return 0.0
-        if self.tokens(1.0) < target:
+        if self.tokens(1.0) < tokens:
             return None
         lo, hi = 0.0, 1.0
         for _ in range(60):  # tokens(a) increases with a: bisection to ~1e-18
             mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if self.tokens(mid) < target else (lo, mid)
+            lo, hi = (mid, hi) if self.tokens(mid) < tokens else (lo, mid)
         return (lo + hi) / 2
 
 

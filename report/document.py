@@ -74,9 +74,15 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
            divergence_table(pr),
            "## Per-round profile (mean ms per round)", "", profile_table(prof),
            "## Speedup model", "",
-           "Predicted = E(a) / c with E(a) = (1 - a^(K+1)) / (1 - a) tokens per round at the measured "
-           "acceptance a, and c = (verify over K+1 tokens + the other phases of a round) / one decode step, "
-           "from a calibration on the cell's first prompt and the profile. Break-even a: where E(a) = c.", "",
+           "Round cost c = (verify over K+1 tokens + the method's other phases of a round) / one base decode "
+           "step: the verify cost ratio comes from a calibration on the cell's first prompt, the other phases "
+           "and the base step from profiled runs of both arms side by side. Predicted = tau / c, the speedup "
+           "the component costs explain for the tokens the rounds yielded; far from measured means a cost the "
+           "profile misses. The method wins when tau > c (the break-even tau). Acceptance a is accepted / "
+           "drafted tokens. alpha is Leviathan et al.'s per-token acceptance: the rate at which independent "
+           "acceptance, E(alpha) = (1 - alpha^(K+1)) / (1 - alpha) tokens per round, yields the measured tau "
+           "(above a, which counts drafts after the first rejection as rejected). Break-even alpha: where "
+           "E(alpha) = c.", "",
            model_table(df),
            "## Plots", "",
            *[f"![{p.stem}]({p.name})" for p in pngs], ""]

@@ -13,7 +13,7 @@ CELL_COLUMNS = ["arch", "method", "block_size", "kv", "status", "base_decode_tps
                 "speedup_ci_low", "speedup_ci_high", "ratio_of_medians", "base_sigma_pct", "decode_sigma_pct",
                 "tau", "acceptance_rate", "per_position_acceptance", "diverged_prompts", "prompts",
                 "earliest_divergence", "matched_fraction", "predicted_speedup", "break_even_acceptance",
-                "verify_cost_ratio", "round_cost_ratio", "reps", "reason", "model_type", "dtype", "rollback",
+                "verify_cost_ratio", "round_cost_ratio", "iid_acceptance", "reps", "reason", "model_type", "dtype", "rollback",
                 "backend", "blas_kind", "cell_id", "path"]
 
 
@@ -38,8 +38,8 @@ def cells(root: Path, records=None) -> pd.DataFrame:
         row.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
         row["per_position_acceptance"] = summary.get("per_position_acceptance")
         model = summary.get("model") or {}
-        row.update({k: model.get(k) for k in ("predicted_speedup", "break_even_acceptance",
-                                              "verify_cost_ratio", "round_cost_ratio")})
+        row.update({k: model.get(k) for k in ("predicted_speedup", "break_even_acceptance", "verify_cost_ratio",
+                                              "round_cost_ratio", "iid_acceptance")})
         rows.append(row)
     df = pd.DataFrame(rows)
     for col in CELL_COLUMNS:

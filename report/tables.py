@@ -85,11 +85,12 @@ def model_table(df: pd.DataFrame) -> str:
     rows = []
     for _, r in _order(sub).iterrows():
         rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"], _fmt(r["acceptance_rate"], ".3f"),
+                     _fmt(r["iid_acceptance"], ".3f"), _fmt(r["tau"], ".2f"),
                      _fmt(r["verify_cost_ratio"], ".2f"), _fmt(r["round_cost_ratio"], ".2f"),
                      _fmt(r["predicted_speedup"], ".3f"), _fmt(r["speedup"], ".3f"),
                      "never" if pd.isna(r["break_even_acceptance"]) else _fmt(r["break_even_acceptance"], ".1%")])
-    headers = ["arch", "method", "block", "kv", "acceptance a", "verify cost (x decode)", "round cost (x decode)",
-               "predicted", "measured", "break-even a"]
+    headers = ["arch", "method", "block", "kv", "acceptance a", "alpha", "tau", "verify cost (x decode)",
+               "round cost = break-even tau", "predicted", "measured", "break-even alpha"]
     return _md(rows, headers) + "\n"
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from harness import stats
-from harness.measure import Generation, _summary
+from harness.measure import Generation, _summary, speedup_model
 from harness.loop import Round
 
 # method tok/s 120, 90, 100 and base tok/s 100, 100, 80 over three reps:
@@ -53,6 +53,46 @@ def test_predicted_speedup_for_a_mixture_of_round_sizes():
     assert mix.predicted_speedup(0.5) == pytest.approx((5 * 1 + 5 * 1.875) / (5 * 1.1 + 5 * 2.0))
     a = mix.break_even_acceptance()
     assert mix.tokens(a) == pytest.approx(mix.total_cost())
+    assert mix.speedup_for_tokens(13.0) == pytest.approx(13.0 / 15.5)
+    alpha = mix.iid_acceptance(13.0)  # 5 + 5 * E(alpha, 3) = 13
+    assert 1 + alpha + alpha ** 2 + alpha ** 3 == pytest.approx(1.6)
+    assert mix.iid_acceptance(4.0) == 0.0 and mix.iid_acceptance(30.0) is None
+
+
+# A profiled cell by hand: four rounds drafting 3, 3, 0, 3 and accepting 3, 1, 0, 0
+# (8 tokens with the bonuses); 0.5 ms of non-verify phases per round; calibrated verify
+# 1.0 ms for one token, 1.5 ms for four; a profiled base step of 2.0 ms, 1.8 of it verify.
+ROUNDS = {"drafted": [3, 3, 0, 3], "accepted": [3, 1, 0, 0],
+          "phase_ms": {"draft": [0.4, 0.4, 0.0, 0.4], "verify": [9.0] * 4, "accept": [0.1] * 4,
+                       "rollback": [0.1] * 4}}
+CALIBRATION = {"decode_ms": 1.0, "verify_ms_by_tokens": {"1": 1.0, "2": 1.2, "3": 1.4, "4": 1.5},
+               "verify_cost_ratio": 1.5}
+BASE_PROFILE = {"rounds": 10, "phase_ms": {"draft": 0.0, "verify": 18.0, "accept": 1.0, "rollback": 1.0}}
+
+
+def test_speedup_model_of_a_profiled_cell_matches_hand_computation():
+    items = [{"rounds_detail": ROUNDS, "base_profile": BASE_PROFILE}]
+    m = speedup_model(items, {"acceptance_rate": 4 / 9}, CALIBRATION, block=4)
+    # K=3: (1.5 * 1.8 + 0.5) / 2.0 = 1.6 steps; K=0: (1.0 * 1.8 + 0.5) / 2.0 = 1.15
+    assert m["unit"] == "base profile" and m["unit_ms"] == pytest.approx(2.0)
+    assert m["overhead_ms"] == pytest.approx(0.5)
+    assert m["break_even_tau"] == pytest.approx((3 * 1.6 + 1.15) / 4)
+    assert m["profiled_tau"] == pytest.approx(2.0)
+    assert m["predicted_speedup"] == pytest.approx(8 / 5.95)
+    alpha = m["iid_acceptance"]  # 1 + 3 * E(alpha, 3) = 8 tokens
+    assert 1 + alpha + alpha ** 2 + alpha ** 3 == pytest.approx(7 / 3)
+    be = m["break_even_acceptance"]  # 1 + 3 * E(be, 3) = 5.95 steps
+    assert 1 + be + be ** 2 + be ** 3 == pytest.approx(4.95 / 3)
+
+
+def test_speedup_model_without_base_profile_or_with_a_re_prefilling_verify():
+    m = speedup_model([{"rounds_detail": ROUNDS}], {"acceptance_rate": 0.5}, CALIBRATION, block=4)
+    # unit: the calibrated one-token verify (1.0 ms); K=3: 1.5 + 0.5 = 2.0, K=0: 1.0 + 0.5 = 1.5
+    assert m["unit"] == "calibration" and m["predicted_speedup"] == pytest.approx(8 / 7.5)
+    items = [{"rounds_detail": ROUNDS, "base_profile": BASE_PROFILE}]
+    m = speedup_model(items, {"acceptance_rate": 0.5}, CALIBRATION, block=4, incremental=False)
+    # every round pays its profiled verify: (9.0 + 0.5) / 2.0 = 4.75 steps
+    assert m["break_even_tau"] == pytest.approx(4.75) and m["break_even_acceptance"] is None
 
 
 def _gen(tps: float, n_tokens: int = 11) -> Generation:
