@@ -11,8 +11,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import platform
+import statistics
 import subprocess
 import sys
+import time
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -103,6 +105,29 @@ def environment() -> dict:
         "blas": blas, "blas_kind": blas_kind(blas) if blas else backend,
         "git": git_sha(),
     }
+
+
+@lru_cache(maxsize=8)
+def stream_rate(dtype: str, nbytes: int, n: int = 7) -> float:
+    """GB/s at which this backend streams an `nbytes` matrix through a matrix-vector product.
+
+    Single-token decode reads every weight once per token through such products, so
+    weight bytes / this rate bounds its tok/s from above (KV reads come on top). The
+    probe is the model's own size, so cache residency counts as it does for the model."""
+    import mlx.core as mx
+
+    dt = getattr(mx, dtype)
+    cols = 1024
+    rows = max(1, min(nbytes, 2**30) // (cols * dt.size))
+    w = mx.full((rows, cols), 0.5, dtype=dt)  # [R, C]: the model's weight bytes in one matrix
+    x = mx.full((1, cols), 1.0, dtype=dt)  # [1, C]: one token, multiplied as nn.Linear does (x @ W.T)
+    mx.eval(w, x, x @ w.T)  # materialise, and run the product once untimed
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        mx.eval(x @ w.T)
+        times.append(time.perf_counter() - t0)
+    return w.nbytes / statistics.median(times) / 1e9
 
 
 def _cpu_name() -> str:

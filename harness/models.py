@@ -92,3 +92,14 @@ def model_dtype(model) -> str:
     dtypes = {str(p.dtype).split(".")[-1] for _, p in tree_flatten(model.parameters())
               if mx.issubdtype(p.dtype, mx.floating)}
     return "+".join(sorted(dtypes))
+
+
+def weight_bytes(model) -> dict:
+    """Bytes of the model's parameters and the dtype holding most of them."""
+    from mlx.utils import tree_flatten
+
+    by_dtype: dict[str, int] = {}
+    for _, p in tree_flatten(model.parameters()):
+        key = str(p.dtype).split(".")[-1]
+        by_dtype[key] = by_dtype.get(key, 0) + p.nbytes
+    return {"bytes": sum(by_dtype.values()), "dtype": max(by_dtype, key=by_dtype.get)}

@@ -19,9 +19,9 @@ from omegaconf import OmegaConf
 from engines.base import DrafterError, Unsupported, get_engine
 from engines.target import Target
 from harness.config import ConfigError, resolve_drafter, validate
-from harness.env import environment
+from harness.env import environment, stream_rate
 from harness.measure import Arms, measure_cell
-from harness.models import has_moe, load_target, model_dtype, resolve_model
+from harness.models import has_moe, load_target, model_dtype, resolve_model, weight_bytes
 from harness.progress import PROGRESS
 from harness.prompts import load_suite
 from harness.records import SCHEMA_VERSION, canonical_cell, cell_id, read_record, write_record
@@ -70,6 +70,7 @@ def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
         record["model"] = {"path": str(ckpt), "model_type": getattr(model, "model_type", None),
                            "dtype": model_dtype(model)}
         _check_supported(model, cfg, record["env"])
+        record["ceiling"] = decode_ceiling(model)
         arms = _build_arms(model, cfg)
         record["engine"] = arms.method.describe()
         record["cache"] = vars(arms.method.target.layout)
@@ -90,6 +91,17 @@ def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
                           traceback=traceback.format_exc(limit=-8))
     record["wall_s"] = round(time.perf_counter() - t0, 3)
     return record
+
+
+def decode_ceiling(model) -> dict:
+    """The physics a decode rate is compared with: weight bytes read per token over the
+    rate at which this backend streams that many bytes through a matrix-vector product."""
+    w = weight_bytes(model)
+    gbs = stream_rate(w["dtype"], w["bytes"])
+    return {"weight_bytes": w["bytes"], "dtype": w["dtype"], "stream_gbs": gbs,
+            "probe": f"[1, 1024] @ [R, 1024].T in {w['dtype']}, R * 1024 of the weights' size (at most 1 GiB), "
+                     "median of 7",
+            "tps": gbs * 1e9 / w["bytes"]}
 
 
 def _build_arms(model, cfg) -> Arms:

@@ -13,8 +13,9 @@ CELL_COLUMNS = ["arch", "method", "block_size", "kv", "status", "base_decode_tps
                 "speedup_ci_low", "speedup_ci_high", "ratio_of_medians", "base_sigma_pct", "decode_sigma_pct",
                 "tau", "acceptance_rate", "per_position_acceptance", "diverged_prompts", "prompts",
                 "earliest_divergence", "matched_fraction", "predicted_speedup", "break_even_acceptance",
-                "verify_cost_ratio", "round_cost_ratio", "iid_acceptance", "reps", "reason", "model_type", "dtype", "rollback",
-                "backend", "blas_kind", "cell_id", "path"]
+                "verify_cost_ratio", "round_cost_ratio", "iid_acceptance", "weight_bytes", "stream_gbs",
+                "ceiling_tps", "reps", "reason", "model_type", "dtype", "rollback", "backend", "blas_kind",
+                "cell_id", "path"]
 
 
 def _records(root: Path) -> list[tuple[Path, dict]]:
@@ -37,6 +38,9 @@ def cells(root: Path, records=None) -> pd.DataFrame:
                "blas_kind": env.get("blas_kind"), "cell_id": rec["cell_id"], "path": str(path)}
         row.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
         row["per_position_acceptance"] = summary.get("per_position_acceptance")
+        ceiling = rec.get("ceiling") or {}
+        row.update({"weight_bytes": ceiling.get("weight_bytes"), "stream_gbs": ceiling.get("stream_gbs"),
+                    "ceiling_tps": ceiling.get("tps")})
         model = summary.get("model") or {}
         row.update({k: model.get(k) for k in ("predicted_speedup", "break_even_acceptance", "verify_cost_ratio",
                                               "round_cost_ratio", "iid_acceptance")})

@@ -57,11 +57,24 @@ def cell_table(df: pd.DataFrame) -> str:
     return _md(rows, headers)
 
 
+def ceiling_line(df: pd.DataFrame) -> str:
+    """Decode's physical bound for this arch and how close base decoding comes to it."""
+    ok = df[(df["status"] == "ok") & df["ceiling_tps"].notna()]
+    if ok.empty:
+        return ""
+    ceiling, gbs = ok["ceiling_tps"].median(), ok["stream_gbs"].median()
+    share = ok["base_decode_tps"].astype(float) / ok["ceiling_tps"].astype(float)
+    return (f"Weights {ok['weight_bytes'].iloc[0] / 1e6:.2f} MB. Decode ceiling {ceiling:,.0f} tok/s: every weight "
+            f"read once per token at {gbs:.2f} GB/s, the rate of a matrix-vector product of that size here "
+            f"(KV reads come on top). Base decoding reaches {share.min():.0%}-{share.max():.0%} of it; "
+            f"speculation can pass it, since a verify reads the weights once for several tokens.\n\n")
+
+
 def arch_tables(df: pd.DataFrame) -> str:
     parts = []
     for arch, sub in df.groupby("arch", sort=True):
         kinds = sorted({f"{a} {b}" for a, b in zip(sub["model_type"].fillna("?"), sub["dtype"].fillna("?"))})
-        parts.append(f"### {arch} ({', '.join(kinds)})\n\n{cell_table(sub)}\n")
+        parts.append(f"### {arch} ({', '.join(kinds)})\n\n{ceiling_line(sub)}{cell_table(sub)}\n")
     return "\n".join(parts)
 
 

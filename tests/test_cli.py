@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 
 from harness.fixtures import fixture_dir
@@ -32,6 +33,9 @@ def test_qwen35_sweep_then_report_end_to_end_and_rerun_skips(tmp_path):
     r = harness(*sweep, *QUICK, f"out_dir={out}")
     assert r.returncode == 0, r.stderr
     recs = records(out)
+    # the float32 target's weights: every checkpoint tensor but the MTP head's (a drafter, loaded apart)
+    tensors = mx.load(str(fixture_dir("qwen35") / "model.safetensors"))
+    qwen35_bytes = 4 * sum(t.size for k, t in tensors.items() if not k.startswith("mtp."))
     # base and eagle3 x 2 kv (block size ignored, so run once each)
     # + (ngram, dflash_a, dflash_c, mtp) x 2 block sizes x 2 kv
     assert len(recs) == 20, sorted(recs)
@@ -44,6 +48,9 @@ def test_qwen35_sweep_then_report_end_to_end_and_rerun_skips(tmp_path):
     assert all(r["calibration"]["context_scaling"]["long"]["verify_ms"] for r in dflash)
     for rec in recs.values():
         assert rec["env"]["mlx"] and rec["env"]["blas"] and "sha" in rec["env"]["git"]
+        ceiling = rec["ceiling"]  # weight bytes of the float32 fixture, read once per token at the probed rate
+        assert ceiling["weight_bytes"] == qwen35_bytes and ceiling["dtype"] == "float32"
+        assert ceiling["tps"] == pytest.approx(ceiling["stream_gbs"] * 1e9 / qwen35_bytes)
         item = rec["prompts"][0]
         assert item["n_tokens"] == 12 and len(item["tokens"]) == 12
         assert item["first_divergence"] is None and item["matched_prefix"] == 12
@@ -55,6 +62,7 @@ def test_qwen35_sweep_then_report_end_to_end_and_rerun_skips(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert rep.returncode == 0, rep.stderr
     assert "### qwen35" in rep.stdout and "| method" in rep.stdout
+    assert f"Weights {qwen35_bytes / 1e6:.2f} MB. Decode ceiling" in rep.stdout
     table_rows = [line for line in rep.stdout.splitlines()
                   if line.startswith(("| base", "| ngram", "| dflash", "| mtp", "| eagle3"))]
     assert len(table_rows) == 20
