@@ -16,6 +16,7 @@ from engines.base import Draft, Engine, register
 @register("control", "verify_control")
 class Control(Engine):
     knobs = ("block_size",)
+    verifies_full_block = True  # every round costs a K+1 verify though it drafts nothing
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)

@@ -224,7 +224,8 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
             progress(u + 1, len(units))
     summary = _summary(items, reps_m, reps_b if arms.base else None)
     summary["model"] = speedup_model(items, summary, calibration, arms.block,
-                                     getattr(arms.method, "incremental_verify", True))
+                                     getattr(arms.method, "incremental_verify", True),
+                                     getattr(arms.method, "verifies_full_block", False))
     return {"prompts": items, "calibration": calibration, "summary": summary}
 
 
@@ -325,13 +326,14 @@ def phase_means(items: list[dict]) -> dict[str, float]:
 
 
 def speedup_model(items: list[dict], summary: dict, calibration: dict | None, block: int,
-                  incremental: bool = True) -> dict | None:
+                  incremental: bool = True, full_block: bool = False) -> dict | None:
     """Predicted speedup of the profiled rounds from component costs (harness/stats).
 
     Unit: one profiled base decode step (verify + accept + rollback), or the calibrated
     single-token verify where no base arm was profiled. A round with K drafts costs
     the calibrated verify ratio (K+1 tokens over 1) times the base step's verify, plus
-    the method's other profiled phases."""
+    the method's other profiled phases. `full_block`: the method verifies the whole
+    block every round whatever it drafted (the control)."""
     if calibration is None or block < 2:
         return None
     phases = phase_means(items)
@@ -352,7 +354,8 @@ def speedup_model(items: list[dict], summary: dict, calibration: dict | None, bl
         for k in detail["drafted"]:
             counts[k] = counts.get(k, 0) + 1
     if incremental:
-        cost = {k: (ratio[min(k + 1, block)] * verify1 + overhead) / unit for k in counts}
+        cost = {k: (ratio[block if full_block else min(k + 1, block)] * verify1 + overhead) / unit
+                for k in counts}
     else:  # the method's verify is not the target's incremental one (dflash_c re-prefills): take it as profiled
         cost = {k: (phases.get("verify", 0.0) + overhead) / unit for k in counts}
     mix = stats.RoundMix(counts, cost)

@@ -57,6 +57,11 @@ def cell_table(df: pd.DataFrame) -> str:
     return _md(rows, headers)
 
 
+def _span(xs: pd.Series, spec: str) -> str:
+    lo, hi = format(xs.min(), spec), format(xs.max(), spec)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def ceiling_line(df: pd.DataFrame) -> str:
     """Decode's physical bound for this arch and how close base decoding comes to it."""
     ok = df[(df["status"] == "ok") & df["ceiling_tps"].notna()]
@@ -66,7 +71,7 @@ def ceiling_line(df: pd.DataFrame) -> str:
     share = ok["base_decode_tps"].astype(float) / ok["ceiling_tps"].astype(float)
     return (f"Weights {ok['weight_bytes'].iloc[0] / 1e6:.2f} MB. Decode ceiling {ceiling:,.0f} tok/s: every weight "
             f"read once per token at {gbs:.2f} GB/s, the rate of a matrix-vector product of that size here "
-            f"(KV reads come on top). Base decoding reaches {share.min():.0%}-{share.max():.0%} of it; "
+            f"(KV reads come on top). Base decoding reaches {_span(share, '.0%')} of it; "
             f"speculation can pass it, since a verify reads the weights once for several tokens.\n\n")
 
 

@@ -7,7 +7,9 @@ import sys
 import time
 
 import matplotlib.image as mpimg
+import pytest
 
+from harness.measure import base_step
 from tests.test_cli import QUICK, REPO, harness, records
 
 GATE = """# @package _global_
@@ -41,6 +43,12 @@ def test_report_writes_markdown_csv_and_sane_pngs(tmp_path):
         assert f"({name}.png)" in md
     for csv in ("report.csv", "prompts.csv", "profiles.csv"):
         assert (out / csv).stat().st_size > 100
+    # the control drafts nothing yet verifies a full block every round: the model charges it that verify
+    control = next(json.loads(p.read_text()) for p in out.glob("llama__control*.json"))
+    m, cal = control["summary"]["model"], control["calibration"]
+    verify1 = base_step(control["prompts"])["verify_ms"]
+    full = (cal["verify_ms_by_tokens"]["3"] / cal["decode_ms"] * verify1 + m["overhead_ms"]) / m["unit_ms"]
+    assert m["drafted_rounds"].keys() == {"0"} and m["round_cost_ratio"] == pytest.approx(full)
 
 
 def test_an_impossible_gate_exits_nonzero_with_a_readable_table(tmp_path):

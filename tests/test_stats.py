@@ -93,6 +93,9 @@ def test_speedup_model_without_base_profile_or_with_a_re_prefilling_verify():
     m = speedup_model(items, {"acceptance_rate": 0.5}, CALIBRATION, block=4, incremental=False)
     # every round pays its profiled verify: (9.0 + 0.5) / 2.0 = 4.75 steps
     assert m["break_even_tau"] == pytest.approx(4.75) and m["break_even_acceptance"] is None
+    m = speedup_model(items, {"acceptance_rate": 0.5}, CALIBRATION, block=4, full_block=True)
+    # the control's rounds all verify 4 tokens: (1.5 * 1.8 + 0.5) / 2.0 = 1.6 steps each
+    assert m["break_even_tau"] == pytest.approx(1.6) and m["predicted_speedup"] == pytest.approx(8 / 6.4)
 
 
 def _gen(tps: float, n_tokens: int = 11) -> Generation:
