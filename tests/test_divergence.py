@@ -1,0 +1,54 @@
+"""Divergence analysis on a method with a planted bug: where it leaves base, and why."""
+
+from types import SimpleNamespace
+
+import mlx.core as mx
+import pytest
+
+from engines.autoregressive import Autoregressive
+from engines.ngram import Ngram
+from engines.target import Target
+from harness.measure import Arms, measure_cell
+from harness.prompts import encode_turn
+from report.frames import prompts as prompt_frame
+from report.tables import divergence_table
+from tests.conftest import builtin_prompts, method_cfg
+
+
+class KeepsOneRejected(Ngram):
+    """N-gram with an off-by-one rollback: the first rejected draft stays in the cache."""
+
+    def rollback(self, n_accepted, draft):
+        self.target.commit(min(n_accepted + 2, len(draft.tokens) + 1))
+
+
+BENCH = SimpleNamespace(temperature=0.0, seed=0, stop_at_eos=False, max_new_tokens=32, warmup=0,
+                        warmup_scope="first", reps=1, cooldown_s=0.0, profile=False, chat_template=True)
+
+
+def test_a_planted_rollback_bug_is_reported_with_the_base_margin_and_rank_where_it_diverges(models):
+    model, tok = models["llama"]
+    suite = [p for p in builtin_prompts() if p.category == "retrieval"]  # copy-heavy: n-gram drafts often
+    arms = Arms(KeepsOneRejected(Target(model), method_cfg(block_size=4)), Autoregressive(Target(model), None), 4)
+    out = measure_cell(arms, tok, suite, BENCH)
+    diverged = [i for i in out["prompts"] if i["first_divergence"] is not None]
+    assert out["summary"]["diverged_prompts"] == len(diverged) >= 2
+    for item in diverged:
+        at, d = item["first_divergence"], item["divergence"]
+        assert item["matched_prefix"] == at and item["matched_fraction"] == pytest.approx(at / item["n_tokens"])
+        assert d["method_token"] == item["tokens"][at] != d["reference_token"] == d["reference_top1"]
+        # the same margin and rank from a plain cache-less forward over the agreed prefix
+        prompt = next(p for p in suite if p.id == item["id"])
+        ids = encode_turn(tok, prompt, item["turn"], [], True) + item["tokens"][:at]
+        logits = model(mx.array([ids]))[0, -1]  # [V]
+        top = sorted(logits.tolist(), reverse=True)
+        assert d["reference_margin"] == pytest.approx(top[0] - top[1], abs=1e-4)
+        assert d["method_token_rank"] == int(mx.sum(logits > logits[d["method_token"]]).item()) >= 1
+        # a bug, not a near-tie: base preferred its token by far more than float32 noise
+        assert d["reference_margin"] > 1e-3
+
+    record = {"cell_id": "planted", "cell": {"arch": {"name": "llama"}, "method": {"name": "planted", "block_size": 4},
+                                             "kv": {"name": "native"}}, **out}
+    table = divergence_table(prompt_frame(None, [(None, record)]))
+    for item in diverged:
+        assert f"{item['id']}/{item['turn']}" in table and f"{item['divergence']['reference_margin']:.2e}" in table
