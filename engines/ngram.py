@@ -2,8 +2,11 @@
 
 Propose up to K = block_size - 1 tokens by finding the longest suffix n-gram of the
 history (min_ngram <= n <= max_ngram) that occurred earlier, taking the most recent
-earlier occurrence, and copying the tokens that followed it. With no match the
-draft is empty, so the round is a plain single-token decode step.
+earlier occurrence, and copying the tokens that followed it. A match close to the
+end of the history has fewer than K followers: the copy then runs on into the tokens
+it has just copied (as an LZ77 back-reference does), which continues a repeating
+pattern -- a loop, a list, a table row -- for the full K rather than stopping at
+the end. With no match the draft is empty, so the round is a plain decode step.
 
 Lookup is O(max_ngram) per round: an index maps each n-gram to the end position of
 its latest occurrence, extended incrementally as the history grows, so per-round
@@ -38,8 +41,17 @@ class NgramIndex:
         for n in range(min(self.max_n, len(history)), self.min_n - 1, -1):
             end = self.last_end.get(tuple(history[-n:]))
             if end is not None:
-                return history[end + 1: end + 1 + k]
+                return _copy_forward(history, end + 1, k)
         return []
+
+
+def _copy_forward(history: list[int], start: int, k: int) -> list[int]:
+    # k tokens from history[start:], continuing into the copy itself past the end (start < len(history)).
+    out = history[start: start + k]
+    period = len(history) - start  # when out is short, it already holds one whole period
+    while len(out) < k:
+        out.append(out[len(out) - period])
+    return out
 
 
 @register("ngram", "prompt_lookup", "pld")

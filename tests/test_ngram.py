@@ -23,9 +23,11 @@ def test_min_ngram_excludes_shorter_matches():
     assert propose([7, 8, 9, 1, 7], lo=1) == [8, 9, 1]
 
 
-def test_draft_is_cut_at_k_and_at_the_end_of_history():
+def test_draft_is_cut_at_k_and_a_match_near_the_end_repeats_its_period():
     assert propose([3, 1, 2, 3], k=1) == [1]
-    assert propose([5, 6, 5], k=3) == [6, 5]
+    assert propose([5, 6, 5], k=3) == [6, 5, 6]  # period 2 from the latest 5
+    assert propose([9, 7, 7, 7], k=4) == [7, 7, 7, 7]  # a one-token loop fills all of K
+    assert propose([1, 2, 3, 1, 2], k=5) == [3, 1, 2, 3, 1]  # period 3 from the latest (1, 2)
 
 
 def test_incremental_index_equals_a_fresh_index():
