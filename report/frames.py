@@ -22,17 +22,45 @@ def _records(root: Path) -> list[tuple[Path, dict]]:
     return list(iter_records(root))
 
 
+def arch_labels(records) -> dict[str, str]:
+    """cell id -> the arch's row label: its name, plus the checkpoint and dtype where
+    records under one arch name differ in them (a fixture and a real checkpoint, or
+    float32 and bf16 runs, must never share a table)."""
+    seen: dict[str, set] = {}
+    for _, rec in records:
+        model = rec.get("model", {})
+        seen.setdefault(rec["cell"]["arch"]["name"], set()).add((model.get("path"), model.get("dtype")))
+    labels = {}
+    for _, rec in records:
+        name, model = rec["cell"]["arch"]["name"], rec.get("model", {})
+        variants = seen[name]
+        parts = []
+        if len({p for p, _ in variants}) > 1:
+            parts.append(Path(model.get("path") or "?").name)
+        if len({d for _, d in variants}) > 1:
+            parts.append(model.get("dtype") or "?")
+        labels[rec["cell_id"]] = f"{name} [{', '.join(parts)}]" if parts else name
+    return labels
+
+
+def _keys(rec: dict, labels: dict[str, str]) -> dict:
+    # The columns that name a cell in every frame.
+    cell = rec["cell"]
+    method = cell["method"]["name"]
+    if cell.get("reference") not in (None, "base"):
+        method += f" vs {cell['reference']}"  # paired against another method, not base
+    return {"arch": labels[rec["cell_id"]], "method": method,
+            "block_size": cell["method"].get("block_size"), "kv": cell["kv"]["name"]}
+
+
 def cells(root: Path, records=None) -> pd.DataFrame:
     """One row per recorded cell."""
+    records = records if records is not None else _records(root)
+    labels = arch_labels(records)
     rows = []
-    for path, rec in records if records is not None else _records(root):
-        cell, env, summary = rec["cell"], rec.get("env", {}), rec.get("summary", {})
-        method = cell["method"]["name"]
-        if cell.get("reference") not in (None, "base"):
-            method += f" vs {cell['reference']}"  # paired against another method, not base
-        row = {"arch": cell["arch"]["name"], "method": method,
-               "block_size": cell["method"].get("block_size"), "kv": cell["kv"]["name"],
-               "status": rec.get("status"), "reason": rec.get("reason"),
+    for path, rec in records:
+        env, summary = rec.get("env", {}), rec.get("summary", {})
+        row = {**_keys(rec, labels), "status": rec.get("status"), "reason": rec.get("reason"),
                "model_type": rec.get("model", {}).get("model_type"), "dtype": rec.get("model", {}).get("dtype"),
                "rollback": rec.get("engine", {}).get("rollback"), "backend": env.get("backend"),
                "blas_kind": env.get("blas_kind"), "cell_id": rec["cell_id"], "path": str(path)}
@@ -55,13 +83,13 @@ def cells(root: Path, records=None) -> pd.DataFrame:
 
 def prompts(root: Path, records=None) -> pd.DataFrame:
     """One row per (cell, prompt, turn) of the cells that ran."""
+    records = records if records is not None else _records(root)
+    labels = arch_labels(records)
     rows = []
-    for _, rec in records if records is not None else _records(root):
+    for _, rec in records:
         cell = rec["cell"]
         for item in rec.get("prompts", []):
-            row = {"arch": cell["arch"]["name"], "method": cell["method"]["name"],
-                   "block_size": cell["method"].get("block_size"), "kv": cell["kv"]["name"],
-                   "cell_id": rec["cell_id"],
+            row = {**_keys(rec, labels), "cell_id": rec["cell_id"],
                    **{k: v for k, v in item.items() if not isinstance(v, (list, dict))}}
             row.update({f"divergence_{k}": v for k, v in (item.get("divergence") or {}).items()})
             rows.append(row)
@@ -70,21 +98,20 @@ def prompts(root: Path, records=None) -> pd.DataFrame:
 
 def profiles(records) -> pd.DataFrame:
     """Mean ms per round of each phase, one row per cell that was profiled."""
+    labels = arch_labels(records)
     rows = []
     for _, rec in records:
         if rec.get("status") != "ok":
             continue
         means = phase_means(rec.get("prompts", []))
         if means:
-            cell = rec["cell"]
-            rows.append({"arch": cell["arch"]["name"], "method": cell["method"]["name"],
-                         "block_size": cell["method"].get("block_size"), "kv": cell["kv"]["name"],
-                         "cell_id": rec["cell_id"], **means})
+            rows.append({**_keys(rec, labels), "cell_id": rec["cell_id"], **means})
     return pd.DataFrame(rows)
 
 
 def accept_hists(records) -> pd.DataFrame:
     """Accepted drafts per round, summed over a cell's prompts: one row per (cell, n_accepted)."""
+    labels = arch_labels(records)
     rows = []
     for _, rec in records:
         items = rec.get("prompts", [])
@@ -92,9 +119,6 @@ def accept_hists(records) -> pd.DataFrame:
             continue
         width = max(len(i["accept_hist"]) for i in items)
         total = [sum(i["accept_hist"][n] for i in items if n < len(i["accept_hist"])) for n in range(width)]
-        cell = rec["cell"]
         for n, count in enumerate(total):
-            rows.append({"arch": cell["arch"]["name"], "method": cell["method"]["name"],
-                         "block_size": cell["method"].get("block_size"), "kv": cell["kv"]["name"],
-                         "accepted": n, "rounds": count})
+            rows.append({**_keys(rec, labels), "accepted": n, "rounds": count})
     return pd.DataFrame(rows)

@@ -26,7 +26,8 @@ def test_report_writes_markdown_csv_and_sane_pngs(tmp_path):
     out = tmp_path / "run"
     for args in (["arch=llama", "method=ngram", "method.block_size=3"],
                  ["arch=llama", "method=ngram", "method.block_size=5"],
-                 ["arch=llama", "method=control", "method.block_size=3"]):
+                 ["arch=llama", "method=control", "method.block_size=3"],
+                 ["arch=llama", "arch.dtype=bfloat16", "method=ngram", "method.block_size=3"]):
         assert harness(*args, *QUICK, "bench.reps=2", f"out_dir={out}").returncode == 0
     rep = subprocess.run([sys.executable, "-m", "report", str(out)], cwd=REPO, capture_output=True, text=True)
     assert rep.returncode == 0, rep.stderr
@@ -34,7 +35,9 @@ def test_report_writes_markdown_csv_and_sane_pngs(tmp_path):
     for section in ("## Setup", "## Protocol", "## Results", "### llama", "## Divergence from base",
                     "## Per-round profile", "## Speedup model", "## Plots"):
         assert section in md
-    assert "speedup [95% CI]" in md and "break-even a" in md
+    assert "speedup [95% CI]" in md and "break-even alpha" in md
+    # one arch in two dtypes: two tables, never one that mixes them
+    assert "### llama [float32]" in md and "### llama [bfloat16]" in md and "### llama (" not in md
     for name in ("speedup_vs_block", "tau_histograms", "profile", "predicted_vs_measured"):
         img = mpimg.imread(out / f"{name}.png")
         h, w = img.shape[:2]
