@@ -69,8 +69,10 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
            "## Divergence from base", "",
            "Where an output leaves the base arm's output: the base run's top-1/top-2 logit margin at that "
            "position (a margin at float-noise level is a numerical near-tie, a wide one a bug) and the rank "
-           "of the method's token among the base logits. Run `method=control` at the same block size to see "
-           "what the batched verify path alone does.", "",
+           "of the method's token among the base logits. The last column shows what `method=control` (an "
+           "empty draft through the same batched verify) did on that prompt at the same block size and kv, "
+           "when the run includes it: a control that leaves base too means verify numerics, one that keeps "
+           "base points at the method.", "",
            divergence_table(pr),
            "## Per-round profile (mean ms per round)", "", profile_table(prof),
            "## Speedup model", "",

@@ -112,16 +112,29 @@ def model_table(df: pd.DataFrame) -> str:
     return _md(rows, headers) + "\n"
 
 
+def _control_outcomes(pr: pd.DataFrame) -> dict[tuple, str]:
+    # (arch, block, kv, prompt, turn) -> what the control did there: "kept base" or its first index.
+    ctl = pr[pr["method"] == "control"]
+    return {(r["arch"], r["block_size"], r["kv"], r["id"], r["turn"]):
+            "kept base" if pd.isna(r["first_divergence"]) else f"left at {int(r['first_divergence'])}"
+            for _, r in ctl.iterrows()}
+
+
 def divergence_table(pr: pd.DataFrame) -> str:
+    """Each output that left base: where, the base margin there, and -- where the same
+    arch, block and kv were also run with method=control -- what the control did."""
     if pr.empty or "first_divergence" not in pr or pr["first_divergence"].isna().all():
         return "_No output left the base output._\n"
+    control = _control_outcomes(pr)
     sub = pr[pr["first_divergence"].notna()]
     rows = []
     for _, r in sub.sort_values(["arch", "method", "block_size", "kv", "id"]).iterrows():
+        key = (r["arch"], r["block_size"], r["kv"], r["id"], r["turn"])
         rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"], f"{r['id']}/{r['turn']}",
                      int(r["first_divergence"]), _fmt(r["matched_fraction"], ".0%"),
                      _fmt(r.get("divergence_reference_margin"), ".2e"),
-                     _fmt(r.get("divergence_method_token_rank"), ".0f")])
+                     _fmt(r.get("divergence_method_token_rank"), ".0f"),
+                     "-" if r["method"] == "control" else control.get(key, "not run")])
     headers = ["arch", "method", "block", "kv", "prompt/turn", "first index", "matched",
-               "base top1-top2 margin", "method token rank in base"]
+               "base top1-top2 margin", "method token rank in base", "control (same block, kv)"]
     return _md(rows, headers) + "\n"

@@ -3,6 +3,7 @@
 from types import SimpleNamespace
 
 import mlx.core as mx
+import pandas as pd
 import pytest
 
 from engines.autoregressive import Autoregressive
@@ -52,3 +53,19 @@ def test_a_planted_rollback_bug_is_reported_with_the_base_margin_and_rank_where_
     table = divergence_table(prompt_frame(None, [(None, record)]))
     for item in diverged:
         assert f"{item['id']}/{item['turn']}" in table and f"{item['divergence']['reference_margin']:.2e}" in table
+
+
+def test_the_divergence_table_sets_each_method_beside_its_control():
+    row = lambda method, pid, first, block=4: {"arch": "qwen35", "method": method, "block_size": block, "kv": "native",
+                                               "id": pid, "turn": 0, "first_divergence": first,
+                                               "matched_fraction": 0.5, "divergence_reference_margin": 0.03,
+                                               "divergence_method_token_rank": 1}
+    pr = pd.DataFrame([row("control", "a", 7), row("control", "b", None), row("ngram", "a", 5),
+                       row("ngram", "b", 9), row("ngram", "c", 3), row("ngram", "a", 6, block=8)])
+    lines = {tuple(c.strip() for c in line.split("|")[1:-1]) for line in divergence_table(pr).splitlines()[2:]}
+    outcome = {(r[1], r[2], r[4]): r[-1] for r in lines}
+    assert outcome[("ngram", "4", "a/0")] == "left at 7"  # the control leaves base too: numerics
+    assert outcome[("ngram", "4", "b/0")] == "kept base"  # the control does not: look at the method
+    assert outcome[("ngram", "4", "c/0")] == "not run"
+    assert outcome[("ngram", "8", "a/0")] == "not run"  # another block size is another verify shape
+    assert outcome[("control", "4", "a/0")] == "-"
