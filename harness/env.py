@@ -30,7 +30,7 @@ def _version(pkg: str) -> str | None:
 
 
 def blas_library() -> str:
-    """Path of the shared library that serves cblas_sgemm here (or what is known)."""
+    """Path of the shared library that serves libmlx's cblas_sgemm here (or what is known)."""
     import mlx.core as mx
 
     if mx.metal.is_available():
@@ -38,22 +38,33 @@ def blas_library() -> str:
     if sys.platform != "linux":
         return "unknown"
     mx.eval(mx.ones((2, 2)) @ mx.ones((2, 2)))  # make sure libmlx and its BLAS are loaded
+    # Global scope first: a BLAS preloaded there (LD_PRELOAD) binds libmlx's calls before
+    # its own dependency does. Otherwise libmlx's dependency tree decides (dlsym on its
+    # handle); other BLAS copies in the process (numpy's, prefixed symbols) do not count.
+    mapped = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "/" in line}
+    scopes = [None, *sorted(p for p in mapped if Path(p).name.startswith("libmlx"))]
+    for scope in scopes:
+        path = _defining_library(scope, "cblas_sgemm")
+        if path:
+            return path
+    return "unknown"
 
+
+def _defining_library(scope: str | None, symbol: str) -> str | None:
+    # dlsym(symbol) in scope (None: the global scope), then dladdr: the file that defines it.
     class DlInfo(ctypes.Structure):
         _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
                     ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
 
     try:
         libdl = ctypes.CDLL(ctypes.util.find_library("dl") or "libc.so.6")
-        addr = ctypes.cast(ctypes.CDLL(None).cblas_sgemm, ctypes.c_void_p).value
+        addr = ctypes.cast(getattr(ctypes.CDLL(scope), symbol), ctypes.c_void_p).value
         info = DlInfo()
         if libdl.dladdr(ctypes.c_void_p(addr), ctypes.byref(info)):
             return info.dli_fname.decode()
     except (AttributeError, OSError):
         pass
-    maps = Path("/proc/self/maps").read_text().splitlines()
-    libs = sorted({line.split()[-1] for line in maps if "blas" in line.lower() and "/" in line})
-    return ", ".join(libs) or "unknown"
+    return None
 
 
 def blas_kind(path: str) -> str:
