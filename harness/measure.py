@@ -325,6 +325,18 @@ def phase_means(items: list[dict]) -> dict[str, float]:
     return {p: t / rounds for p, t in totals.items()} if rounds else {}
 
 
+def _profiled_rounds(items: list[dict]) -> tuple[dict[int, int], int]:
+    # Rounds per drafted K, and the tokens they yielded (accepted drafts + one bonus each).
+    counts: dict[int, int] = {}
+    tokens = 0
+    for i in items:
+        detail = i["rounds_detail"]
+        tokens += sum(detail["accepted"]) + len(detail["accepted"])
+        for k in detail["drafted"]:
+            counts[k] = counts.get(k, 0) + 1
+    return counts, tokens
+
+
 def speedup_model(items: list[dict], summary: dict, calibration: dict | None, block: int,
                   incremental: bool = True, full_block: bool = False) -> dict | None:
     """Predicted speedup of the profiled rounds from component costs (harness/stats).
@@ -346,13 +358,7 @@ def speedup_model(items: list[dict], summary: dict, calibration: dict | None, bl
     base = base_step(items)
     unit, verify1 = (base["round_ms"], base["verify_ms"]) if base else (calibration["decode_ms"],) * 2
     overhead = sum(ms for p, ms in phases.items() if p not in MODEL_PHASES)
-    counts: dict[int, int] = {}
-    tokens = 0
-    for i in items:
-        detail = i["rounds_detail"]
-        tokens += sum(detail["accepted"]) + len(detail["accepted"])
-        for k in detail["drafted"]:
-            counts[k] = counts.get(k, 0) + 1
+    counts, tokens = _profiled_rounds(items)
     if incremental:
         cost = {k: (ratio[block if full_block else min(k + 1, block)] * verify1 + overhead) / unit
                 for k in counts}
