@@ -155,5 +155,7 @@ def _headline(rec: dict) -> str:
     s = rec["summary"]
     tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
     ref = rec["cell"].get("reference") or "base"
-    return (f"{s['decode_tps']:.1f} tok/s, {ref} {s['base_decode_tps']:.1f} tok/s, speedup {s['speedup']:.3f}x, "
-            f"tau {tau}, diverged {s['diverged_prompts']}/{s['prompts']}")
+    model = (s.get("model") or {}).get("predicted_speedup")
+    predicted = f" (model {model:.3f}x)" if model is not None and ref == "base" else ""
+    return (f"{s['decode_tps']:.1f} tok/s, {ref} {s['base_decode_tps']:.1f} tok/s, speedup {s['speedup']:.3f}x"
+            f"{predicted}, tau {tau}, diverged {s['diverged_prompts']}/{s['prompts']}")
