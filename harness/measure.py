@@ -349,8 +349,7 @@ def speedup_model(items: list[dict], summary: dict, calibration: dict | None, bl
     if calibration is None or block < 2:
         return None
     phases = phase_means(items)
-    a = summary["acceptance_rate"] or 0.0
-    out = {"k": block - 1, "acceptance": a, "expected_tokens": stats.expected_tokens(a, block - 1),
+    out = {"k": block - 1, "acceptance": summary["acceptance_rate"],
            "verify_cost_ratio": calibration["verify_cost_ratio"]}
     if not phases:
         return out  # without a profile the cost of drafting is unknown
