@@ -215,7 +215,7 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
         prof = run(arms.method, profile=True) if bench.profile else None
         item = _prompt_item(prompt, turn, ids, gm, gb, prof)
         if prof and arms.base and arms.reference_is_base:
-            item["base_profile"] = _phase_totals(run(arms.base, profile=True))
+            item["base_profile"] = {"rounds_detail": _round_table(run(arms.base, profile=True))}
         if item["first_divergence"] is not None:
             item["divergence"] = divergence_margin(arms.method.target, ids, ref.tokens, gm[0].tokens,
                                                    item["first_divergence"])
@@ -292,23 +292,12 @@ def _summary(items: list[dict], reps_m: list[list[Generation]], reps_b: list[lis
     return out
 
 
-def _phase_totals(gen: Generation) -> dict:
-    # A profiled generation summed per phase: its rounds and total ms of each phase.
-    totals: dict[str, float] = {}
-    for r in gen.rounds:
-        for p, sec in (r.phases or {}).items():
-            totals[p] = totals.get(p, 0.0) + sec * 1e3
-    return {"rounds": len(gen.rounds), "phase_ms": totals}
-
-
 def base_step(items: list[dict]) -> dict | None:
     """Mean ms of the profiled base arm's round (one decode step) and of its verify phase."""
-    profs = [i["base_profile"] for i in items if i.get("base_profile")]
-    rounds = sum(p["rounds"] for p in profs)
-    if not rounds:
+    means = phase_means([i["base_profile"] for i in items if i.get("base_profile")])
+    if not means:
         return None
-    verify = sum(p["phase_ms"].get("verify", 0.0) for p in profs) / rounds
-    return {"round_ms": sum(sum(p["phase_ms"].values()) for p in profs) / rounds, "verify_ms": verify}
+    return {"round_ms": sum(means.values()), "verify_ms": means.get("verify", 0.0)}
 
 
 def phase_means(items: list[dict]) -> dict[str, float]:

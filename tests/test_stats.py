@@ -67,7 +67,9 @@ ROUNDS = {"drafted": [3, 3, 0, 3], "accepted": [3, 1, 0, 0],
                        "rollback": [0.1] * 4}}
 CALIBRATION = {"decode_ms": 1.0, "verify_ms_by_tokens": {"1": 1.0, "2": 1.2, "3": 1.4, "4": 1.5},
                "verify_cost_ratio": 1.5}
-BASE_PROFILE = {"rounds": 10, "phase_ms": {"draft": 0.0, "verify": 18.0, "accept": 1.0, "rollback": 1.0}}
+BASE_PROFILE = {"rounds_detail": {"drafted": [0] * 10, "accepted": [0] * 10,
+                                  "phase_ms": {"draft": [0.0] * 10, "verify": [1.8] * 10, "accept": [0.1] * 10,
+                                               "rollback": [0.1] * 10}}}
 
 
 def test_speedup_model_of_a_profiled_cell_matches_hand_computation():
