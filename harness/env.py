@@ -118,13 +118,17 @@ def environment() -> dict:
     }
 
 
+STREAM_PROBE = "[1, 1024] @ [R, 1024].T, R * 1024 of the weights' size (at most 1 GiB), median of 7"
+
+
 @lru_cache(maxsize=8)
 def stream_rate(dtype: str, nbytes: int, n: int = 7) -> float:
     """GB/s at which this backend streams an `nbytes` matrix through a matrix-vector product.
 
     Single-token decode reads every weight once per token through such products, so
     weight bytes / this rate bounds its tok/s from above (KV reads come on top). The
-    probe is the model's own size, so cache residency counts as it does for the model."""
+    probe (STREAM_PROBE) is the model's own size, so cache residency counts as it does
+    for the model."""
     import mlx.core as mx
 
     dt = getattr(mx, dtype)

@@ -96,7 +96,7 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
     if prof:
         prof.mark("verify", logits)
     if draft.parents is not None:
-        return _tree_round(engine, draft, logits, sampler, pos, prof)
+        return _tree_round(engine, draft, logits, sampler, pos, prof, reach)
     if draft.q is not None and sampler.temperature > 0 and draft.tokens:
         n, bonus = accept_speculative(draft, logits, sampler, pos)
     else:
@@ -110,7 +110,8 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
     return Round(len(draft.tokens), n, emitted, 0.0, prof.times if prof else None)
 
 
-def _tree_round(engine: Engine, draft, logits, sampler: Sampler, pos: int, prof: Profiler | None) -> Round:
+def _tree_round(engine: Engine, draft, logits, sampler: Sampler, pos: int, prof: Profiler | None,
+                depth: int) -> Round:
     # logits [1 + nodes, V]: accept the longest root-to-node path matching the target's greedy choices.
     assert sampler.temperature == 0, "tree drafts are verified greedily; engines draft chains when sampling"
     path, bonus = accept_tree_greedy(draft.tokens, draft.parents, sampler.choose(logits, pos).tolist())
@@ -121,5 +122,4 @@ def _tree_round(engine: Engine, draft, logits, sampler: Sampler, pos: int, prof:
     if prof:
         prof.mark("rollback", engine.state())
     emitted = [*(draft.tokens[i] for i in path), bonus]
-    return Round(max(tree_depths(draft.parents), default=0), len(path), emitted, 0.0,
-                 prof.times if prof else None, tree_size=len(draft.tokens))
+    return Round(depth, len(path), emitted, 0.0, prof.times if prof else None, tree_size=len(draft.tokens))

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from engines.base import DrafterError, Unsupported, get_engine
 from engines.target import Target
 from harness.config import ConfigError, resolve_drafter, validate
-from harness.env import environment, stream_rate
+from harness.env import STREAM_PROBE, environment, stream_rate
 from harness.measure import Arms, measure_cell
 from harness.models import has_moe, load_target, model_dtype, resolve_model, weight_bytes
 from harness.progress import PROGRESS
@@ -99,9 +99,7 @@ def decode_ceiling(model) -> dict:
     w = weight_bytes(model)
     gbs = stream_rate(w["dtype"], w["bytes"])
     return {"weight_bytes": w["bytes"], "dtype": w["dtype"], "stream_gbs": gbs,
-            "probe": f"[1, 1024] @ [R, 1024].T in {w['dtype']}, R * 1024 of the weights' size (at most 1 GiB), "
-                     "median of 7",
-            "tps": gbs * 1e9 / w["bytes"]}
+            "probe": f"{STREAM_PROBE} in {w['dtype']}", "tps": gbs * 1e9 / w["bytes"]}
 
 
 def _build_arms(model, cfg) -> Arms:
@@ -114,8 +112,9 @@ def _build_arms(model, cfg) -> Arms:
     except DrafterError as e:
         raise ConfigError(f"{e} (method.drafter={cfg.method.drafter})") from None
     block = getattr(method, "block", None) or (cfg.method.block_size if "block_size" in method.knobs else 1)
-    reference = None if method.name == get_engine(cfg.reference).name else engine(cfg.reference, _method_cfg(cfg, cfg.reference))
-    return Arms(method, reference, block, reference_is_base=get_engine(cfg.reference).name == "base")
+    ref_name = get_engine(cfg.reference).name
+    reference = None if method.name == ref_name else engine(cfg.reference, _method_cfg(cfg, cfg.reference))
+    return Arms(method, reference, block, reference_is_base=ref_name == "base")
 
 
 def _method_cfg(cfg, name: str):
