@@ -314,16 +314,17 @@ def phase_means(items: list[dict]) -> dict[str, float]:
     return {p: t / rounds for p, t in totals.items()} if rounds else {}
 
 
-def _profiled_rounds(items: list[dict]) -> tuple[dict[int, int], int]:
-    # Rounds per drafted K, and the tokens they yielded (accepted drafts + one bonus each).
-    counts: dict[int, int] = {}
+def _profiled_rounds(items: list[dict]) -> tuple[dict[int, list[int]], int]:
+    # Per drafted K, the tokens each of its rounds fed the verify besides the pending one (a
+    # tree feeds all its nodes, a chain its K drafts); and the tokens the rounds yielded.
+    fed: dict[int, list[int]] = {}
     tokens = 0
     for i in items:
         detail = i["rounds_detail"]
         tokens += sum(detail["accepted"]) + len(detail["accepted"])
-        for k in detail["drafted"]:
-            counts[k] = counts.get(k, 0) + 1
-    return counts, tokens
+        for k, v in zip(detail["drafted"], detail.get("tree_size") or detail["drafted"]):
+            fed.setdefault(k, []).append(v)
+    return fed, tokens
 
 
 def speedup_model(items: list[dict], summary: dict, calibration: dict | None, block: int,
@@ -331,9 +332,9 @@ def speedup_model(items: list[dict], summary: dict, calibration: dict | None, bl
     """Predicted speedup of the profiled rounds from component costs (harness/stats).
 
     Unit: one profiled base decode step (verify + accept + rollback), or the calibrated
-    single-token verify where no base arm was profiled. A round with K drafts costs
-    the calibrated verify ratio (K+1 tokens over 1) times the base step's verify, plus
-    the method's other profiled phases. `full_block`: the method verifies the whole
+    single-token verify where no base arm was profiled. A round costs the calibrated
+    verify ratio (tokens it fed over 1: K+1 for a chain, nodes+1 for a tree) times the
+    base step's verify, plus the method's other profiled phases. `full_block`: the method verifies the whole
     block every round whatever it drafted (the control)."""
     if calibration is None or block < 2:
         return None
@@ -346,13 +347,14 @@ def speedup_model(items: list[dict], summary: dict, calibration: dict | None, bl
     base = base_step(items)
     unit, verify1 = (base["round_ms"], base["verify_ms"]) if base else (calibration["decode_ms"],) * 2
     overhead = sum(ms for p, ms in phases.items() if p not in MODEL_PHASES)
-    counts, tokens = _profiled_rounds(items)
+    fed, tokens = _profiled_rounds(items)
     if incremental:
-        cost = {k: (ratio[block if full_block else min(k + 1, block)] * verify1 + overhead) / unit
-                for k in counts}
+        verify = {k: statistics.mean(ratio[block if full_block else min(v + 1, block)] for v in vs) * verify1
+                  for k, vs in fed.items()}
     else:  # the method's verify is not the target's incremental one (dflash_c re-prefills): take it as profiled
-        cost = {k: (phases.get("verify", 0.0) + overhead) / unit for k in counts}
-    mix = stats.RoundMix(counts, cost)
+        verify = {k: phases.get("verify", 0.0) for k in fed}
+    counts = {k: len(vs) for k, vs in fed.items()}
+    mix = stats.RoundMix(counts, {k: (verify[k] + overhead) / unit for k in fed})
     rounds = sum(counts.values())
     out.update({"unit_ms": unit, "unit": "base profile" if base else "calibration", "overhead_ms": overhead,
                 "round_cost_ratio": mix.total_cost() / rounds, "break_even_tau": mix.total_cost() / rounds,

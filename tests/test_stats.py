@@ -95,6 +95,12 @@ def test_speedup_model_without_base_profile_or_with_a_re_prefilling_verify():
     m = speedup_model(items, {"acceptance_rate": 0.5}, CALIBRATION, block=4, incremental=False)
     # every round pays its profiled verify: (9.0 + 0.5) / 2.0 = 4.75 steps
     assert m["break_even_tau"] == pytest.approx(4.75) and m["break_even_acceptance"] is None
+    tree = {"drafted": [2, 2], "accepted": [1, 0], "tree_size": [3, 3],
+            "phase_ms": {"draft": [0.3, 0.3], "verify": [9.0, 9.0], "accept": [0.1, 0.1], "rollback": [0.1, 0.1]}}
+    m = speedup_model([{"rounds_detail": tree, "base_profile": BASE_PROFILE}], {"acceptance_rate": 0.25},
+                      CALIBRATION, block=4)
+    # a depth-2 tree of 3 nodes feeds 4 tokens: (1.5 * 1.8 + 0.5) / 2.0 = 1.6 steps, not a 3-token verify's
+    assert m["break_even_tau"] == pytest.approx(1.6) and m["predicted_speedup"] == pytest.approx(3 / 3.2)
     m = speedup_model(items, {"acceptance_rate": 0.5}, CALIBRATION, block=4, full_block=True)
     # the control's rounds all verify 4 tokens: (1.5 * 1.8 + 0.5) / 2.0 = 1.6 steps each
     assert m["break_even_tau"] == pytest.approx(1.6) and m["predicted_speedup"] == pytest.approx(8 / 6.4)
