@@ -185,11 +185,6 @@ class DFlashDrafter(nn.Module):
 
 # ---------------------------------------------------------------- checkpoint layout
 
-def drafter_weights_spec(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor of a z-lab DFlash checkpoint with its shape."""
-    return {k: tuple(v.shape) for k, v in tree_flatten(DFlashDrafter(cfg).parameters())}
-
-
 def save_drafter(drafter: DFlashDrafter, path: Path, dtype=mx.bfloat16) -> None:
     write_checkpoint(path, drafter.config.to_json(), dict(tree_flatten(drafter.parameters())), dtype)
 
@@ -212,9 +207,10 @@ def load_drafter(path: Path, target_model: nn.Module) -> DFlashDrafter:
     if cfg.block_size < 2:
         raise DrafterError(f"block_size {cfg.block_size} must be >= 2")
     weights = read_tensors(path, lambda k: k.removeprefix("model."))
-    check_tensors(weights, drafter_weights_spec(cfg), "drafter", path)
     drafter = DFlashDrafter(cfg)
-    drafter.load_weights([(k, weights[k]) for k in drafter_weights_spec(cfg)])
+    expected = {k: tuple(v.shape) for k, v in tree_flatten(drafter.parameters())}  # every z-lab tensor
+    check_tensors(weights, expected, "drafter", path)
+    drafter.load_weights([(k, weights[k]) for k in expected])
     drafter.set_dtype(target_model.model.embed_tokens.weight.dtype)
     drafter.eval()
     mx.eval(drafter.parameters())

@@ -29,7 +29,7 @@ class Sampler:
 
     def _noise(self, pos: int, n: int, vocab: int) -> mx.array:
         # [n, V] Gumbel noise for output positions pos..pos+n-1, one key per position.
-        keys = [mx.random.key((self.seed << 24) + pos + i) for i in range(n)]
+        keys = [self.key(pos + i, 0) for i in range(n)]
         return mx.stack([mx.random.gumbel((vocab,), key=k) for k in keys])
 
     def key(self, pos: int, stream: int) -> mx.array:

@@ -24,11 +24,10 @@ class Target:
     first n_keep tokens of the last verify.
     """
 
-    def __init__(self, model: nn.Module, kv: str = "native", rollback: str = "capture", kv_group_size: int = 64,
-                 hidden_layers: tuple[int, ...] = ()):
+    def __init__(self, model: nn.Module, kv: str = "native", rollback: str = "capture", kv_group_size: int = 64):
         self.model = model
         self.kv, self.kv_group_size, self.strategy = kv, kv_group_size, rollback
-        self.hidden_layers = tuple(hidden_layers)  # layer outputs to keep from every forward
+        self.hidden_layers: tuple[int, ...] = ()  # layer outputs to keep from every forward (set by drafters)
         self.hidden: mx.array | None = None  # [1, T, len(hidden_layers) * H] of the last forward
         self.reset()
 
