@@ -34,7 +34,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
@@ -242,9 +242,10 @@ class Eagle3(Engine):
         super().__init__(target, cfg)
         self.drafter = load_eagle3(Path(cfg.drafter), target.model)
         self.depth, self.top_k, self.total = cfg.depth, cfg.top_k, cfg.total_tokens
-        self.aux = self.drafter.config.aux_layer_ids
-        target.hidden_layers = tuple(i - 1 for i in self.aux)  # input of layer i = output of layer i - 1
-        self.hybrid = any(isinstance(c, ArraysCache) for c in target.cache)
+        aux = self.drafter.config.aux_layer_ids
+        target.hidden_layers = tuple(i - 1 for i in aux)  # input of layer i = output of layer i - 1
+        self.hybrid = target.layout.recurrent > 0  # one recurrent state cannot serve several branches
+        self.draft_ids = self.drafter.to_target(mx.arange(self.drafter.config.draft_vocab_size))  # [Vd] target ids
         self.block = (self.depth if self.hybrid else self.total) + 1  # tokens a full verify feeds
 
     @property
@@ -289,7 +290,8 @@ class Eagle3(Engine):
                                 for f in frontier], axis=1)
         n_prev = sum(k.shape[2] for k in kvs[0])
         F = len(frontier)
-        tree = [[s in anc_slots(f) for s in range(n_prev)] for f in frontier]
+        ancestors = [anc_slots(f) for f in frontier]  # one walk per node, not one per (node, slot)
+        tree = [[s in a for s in range(n_prev)] for a in ancestors]
         mask = mx.concatenate([mx.ones((F, self.cache.offset), dtype=mx.bool_),
                                mx.array(tree, dtype=mx.bool_).reshape(F, n_prev), mx.eye(F, dtype=mx.bool_)], axis=1)
         out, (k, v) = self.drafter.step(e, feats, self.cache, pos, extra=kvs, mask=mask)
@@ -321,10 +323,10 @@ class Eagle3(Engine):
             lp = self.drafter.logprobs(out[0])  # [F, Vd]
             top = mx.argsort(-lp, axis=-1)[:, : self.top_k]  # [F, k]
             scores = (mx.take_along_axis(lp, top, axis=-1) + mx.array([nodes[f].score for f in frontier])[:, None])
-            children = self.drafter.to_target(top).tolist()
+            children, scores = self.drafter.to_target(top).tolist(), scores.tolist()
             first = len(nodes)
             for j, f in enumerate(frontier):
-                for t, s in zip(children[j], scores[j].tolist()):
+                for t, s in zip(children[j], scores[j]):
                     nodes.append(_Node(t, f, s, d))
             new = sorted(range(first, len(nodes)), key=lambda i: (-nodes[i].score, i))
             frontier = sorted(new[: self.top_k])
@@ -359,8 +361,7 @@ class Eagle3(Engine):
             if sampling:
                 q_draft = self.sampler.probs(logits)  # over the draft vocabulary
                 pick = self.sampler.draw(q_draft, pos_out + d - 1, 1)
-                q = mx.zeros((1, self.drafter.config.vocab_size)).at[0, self.drafter.to_target(
-                    mx.arange(q_draft.shape[-1]))].add(q_draft[0])  # q over the target vocabulary
+                q = mx.zeros((1, self.drafter.config.vocab_size)).at[0, self.draft_ids].add(q_draft[0])  # target vocab
                 qs.append(q[0])
             else:
                 pick = mx.argmax(logits, axis=-1)
