@@ -263,7 +263,8 @@ class DFlash(Engine):
         return Draft(tokens, q)
 
     def rollback(self, n_accepted, draft):
-        self.context.append(self.verified_hidden[:, : n_accepted + 1])  # [1, n+1, n*H] of kept positions
+        # [1, n+1, n*H] of the kept positions, read before a replay commit re-runs the target
+        self.context.append(self.target.hidden[:, : n_accepted + 1])
         self._commit(n_accepted)
 
     def describe(self):
@@ -277,11 +278,6 @@ class DFlashA(DFlash):
     """Option A: incremental verify at the end of the output, exact rollback."""
 
     knobs = ("block_size", "drafter", "verify")
-
-    def verify(self, pending, draft):
-        logits = self.target_verify([pending, *draft.tokens])  # [K+1, V]
-        self.verified_hidden = self.target.hidden
-        return logits
 
     def _commit(self, n_accepted):
         self.target.commit(n_accepted + 1)
@@ -300,9 +296,7 @@ class DFlashC(DFlash):
     def verify(self, pending, draft):
         self.target.reset()
         self.target.forward_chunked(self.sequence[:-1])  # the whole prefix, from position 0
-        logits = self.target.forward([pending, *draft.tokens])  # [K+1, V]
-        self.verified_hidden = self.target.hidden
-        return logits
+        return self.target.forward([pending, *draft.tokens])  # [K+1, V]
 
     def _commit(self, n_accepted):
         pass  # the next round rebuilds the cache from position 0

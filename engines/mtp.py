@@ -175,16 +175,12 @@ class MTP(Engine):
         self.prof.mark("mtp_chain")
         return Draft(tokens, mx.stack(qs) if qs[0] is not None else None)
 
-    def verify(self, pending, draft):
-        logits = self.target_verify([pending, *draft.tokens])
-        self.verified_hidden = self.target.hidden
-        return logits
-
     def rollback(self, n_accepted, draft):
+        kept = self.target.hidden[:, : n_accepted + 1]  # read before a replay commit re-runs the target
         self.target.commit(n_accepted + 1)
         trim_attention(self.cache, self.chained)  # chained entries were built on MTP's own states
         self.chained = 0
-        self.hidden.append(self._normed(self.verified_hidden[:, : n_accepted + 1]))
+        self.hidden.append(self._normed(kept))
 
     def state(self):
         return [*super().state(), self.cache.state]
