@@ -1,7 +1,8 @@
 """Base autoregressive decoding: the decode loop with an empty draft.
 
 Every round verifies just the pending token, so a round is one single-token decode
-step and nothing is ever rolled back.
+step and nothing is ever rolled back; the loop queues each step before reading the
+previous token (harness/loop.py), the way mlx-lm's own generate_step runs.
 """
 
 from engines.base import Engine, register
@@ -9,4 +10,4 @@ from engines.base import Engine, register
 
 @register("base", "autoregressive", "ar")
 class Autoregressive(Engine):
-    pass
+    drafts = False  # the loop pipelines its steps as mlx-lm's generate_step does

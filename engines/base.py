@@ -6,10 +6,11 @@ round at a time and does acceptance there, for every engine the same way.
 
 One round, as the loop runs it:
 
-    draft = engine.draft(history, max_tokens)        # propose up to max_tokens ids
-    logits = engine.verify(history[-1], draft)       # one target forward over
+    draft = engine.draft(history, max_tokens)        # propose up to max_tokens ids (device)
+    logits = engine.verify(pending, draft)           # one target forward over
                                                      #   [pending] + draft.tokens
-    n, bonus = accept(draft, logits, sampler)        # loop-side, shared
+    outcome = accept(draft, logits, sampler)         # loop-side, shared, on the device
+    n, emitted = read(outcome)                       # the round's one host read
     engine.rollback(n, draft)                        # keep pending + n drafts
 
 `history` is prompt + output so far; its last token ("pending") has been chosen
@@ -24,7 +25,8 @@ from typing import Callable, ClassVar
 
 import mlx.core as mx
 
-from engines.target import Target
+from engines.deltanet import backend_path
+from engines.target import Target, as_ids
 
 
 class Unsupported(Exception):
@@ -39,18 +41,26 @@ class DrafterError(ValueError):
 class Draft:
     """A proposed continuation.
 
-    tokens: [K] ids that would follow the pending token, K >= 0.
+    tokens: [K] int32 ids that would follow the pending token, K >= 0 (a list is
+       converted; a device array stays lazy, so drafting never waits on the host).
     q: [K, V] drafter probabilities the tokens were sampled from, or None for a
        deterministic proposal (n-gram, greedy drafters): then acceptance compares
        each token with the target's own choice at that position.
     """
 
-    tokens: list[int] = field(default_factory=list)
+    tokens: mx.array = field(default_factory=lambda: mx.zeros((0,), dtype=mx.int32))
     q: mx.array | None = None
     # A tree instead of a chain: parents[i] is the index of node i's parent (-1 = the
     # pending token). The loop then accepts a path and stores it in accepted_path.
     parents: list[int] | None = None
     accepted_path: list[int] | None = None
+
+    def __post_init__(self):
+        self.tokens = as_ids(self.tokens)
+
+    @property
+    def k(self) -> int:
+        return self.tokens.shape[0]
 
 
 class NullProfiler:
@@ -72,7 +82,8 @@ class Engine:
       target cache is unchanged; drafter state may advance, as long as rollback()
       can put it back.
     - verify(pending, draft) -> logits [K+1, V] for [pending] + draft.tokens, fed
-      in one target forward; the target cache now covers them all.
+      in one target forward; the target cache now covers them all. pending is a
+      [1] int32 array (possibly not yet computed: base decoding pipelines on it).
     - rollback(n_accepted, draft) keeps pending + the first n_accepted drafts in
       every cache and drops the rest, exactly, or raises RollbackError.
     - describe() -> dict of facts for the record (e.g. which rollback path ran).
@@ -80,6 +91,7 @@ class Engine:
 
     name: ClassVar[str] = ""
     knobs: ClassVar[tuple[str, ...]] = ()  # MethodConfig fields this method reads
+    drafts: ClassVar[bool] = True  # False: every round is one decode step (the loop pipelines them)
 
     def __init__(self, target: Target, cfg):
         self.target, self.cfg = target, cfg
@@ -92,10 +104,10 @@ class Engine:
     def draft(self, history: list[int], max_tokens: int) -> Draft:
         return Draft()
 
-    def verify(self, pending: int, draft: Draft) -> mx.array:
-        return self.target_verify([pending, *draft.tokens])
+    def verify(self, pending: mx.array, draft: Draft) -> mx.array:
+        return self.target_verify(mx.concatenate([pending, draft.tokens]) if draft.k else pending)
 
-    def target_verify(self, tokens: list[int]) -> mx.array:
+    def target_verify(self, tokens: mx.array) -> mx.array:
         """One batched target forward, or one per token when the method asks for
         verify=sequential (single-token decode numerics, T forwards)."""
         if getattr(self.cfg, "verify", "batched") == "sequential":
@@ -105,14 +117,21 @@ class Engine:
     def rollback(self, n_accepted: int, draft: Draft) -> None:
         self.target.commit(n_accepted + 1)
 
+    def caches(self) -> list:
+        """Every cache object this engine owns: the target's, then any drafter's."""
+        return list(self.target.cache)
+
     def state(self) -> list:
         """Every array of every cache this engine owns (for mx.eval barriers)."""
-        return [c.state for c in self.target.cache]
+        return [c.state for c in self.caches()]
 
     def describe(self) -> dict:
-        return {"rollback": self.target.strategy if self.target.layout.recurrent else "trim",
-                "cache_types": sorted(set(self.target.layout.types)),
-                "verify": getattr(self.cfg, "verify", "batched")}
+        out = {"rollback": self.target.strategy if self.target.layout.recurrent else "trim",
+               "cache_types": sorted(set(self.target.layout.types)),
+               "verify": getattr(self.cfg, "verify", "batched")}
+        if self.target.layout.recurrent:
+            out["recurrence"] = backend_path()
+        return out
 
 
 # ---------------------------------------------------------------- registry

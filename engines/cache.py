@@ -15,28 +15,35 @@ Attention caches are trimmed in place:
   update expects, or raises if the window no longer holds enough history.
 
 Recurrent (Gated DeltaNet, ArraysCache: conv state + recurrent state) layers cannot be
-trimmed; two exact strategies are implemented (config `rollback`):
-- "capture": per-position state capture during verify. The recurrence runs one
-  position at a time (exactly as single-token decode does) and keeps every
-  intermediate state; the conv input of the verify is kept too. Rollback picks
-  the state after position n_keep: no recompute, T states of memory per layer.
+trimmed; three exact strategies are implemented (config `rollback`):
+- "capture": the verify's recurrence keeps the state after every position (the fused
+  CUDA kernel writes them as it goes; elsewhere the recurrence steps one position at a
+  time, exactly as single-token decode does); the conv input is kept too. Rollback
+  picks the state after position n_keep: no recompute, T states of memory per layer.
+- "recompute": the verify runs the model's own multi-token recurrence and keeps its
+  inputs; rollback re-runs the recurrence (only it, not the layer) over the n_keep
+  accepted positions from the state before verify.
 - "replay": snapshot + replay. The recurrent state before verify is kept (arrays
   are immutable, so this is a reference, not a copy); rollback restores it, trims
   every attention cache by T and re-feeds the n_keep accepted tokens: one extra
   target forward over n_keep tokens, no hooks into the model.
+engines/deltanet.py holds the recurrence and the hook; `rollback=auto` (the default)
+times all three on the cell's own model and picks the fastest (harness/measure.py).
 """
 
 from __future__ import annotations
 
-import sys
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-ROLLBACK_STRATEGIES = ("capture", "replay")
+from engines.deltanet import RecurrenceHook, recurrence
+from engines.hidden import decoder
+
+ROLLBACK_STRATEGIES = ("capture", "recompute", "replay")
 
 
 class RollbackError(RuntimeError):
@@ -89,7 +96,7 @@ def make_cache(model: nn.Module, kv: str, group_size: int = 64) -> tuple[list, C
     QuantizedKVCache; mlx-lm has no quantized rotating cache, so sliding-window
     layers stay native under q8/q4 (counted in CacheLayout.kv_native).
     """
-    caches = model.make_cache()
+    caches = make_prompt_cache(model)  # the model's own make_cache, or one KVCache per layer
     converted = native = 0
     out = []
     for c in caches:
@@ -194,81 +201,25 @@ def _tail(v: mx.array, size: int, keep: int) -> mx.array:
 
 def recurrent_mixers(model: nn.Module, caches: list) -> list[tuple[int, nn.Module]]:
     """(cache index, Gated DeltaNet module) for every ArraysCache in `caches`."""
+    layers = decoder(model).layers
     out = []
     for i, c in enumerate(caches):
         if isinstance(c, ArraysCache):
-            mixer = getattr(model.layers[i], "linear_attn", None)
-            if mixer is None:
+            mixer = getattr(layers[i], "linear_attn", None)
+            if mixer is None or not hasattr(mixer, "conv1d"):
                 raise RollbackError(
-                    f"layer {i} keeps recurrent state in a {type(model.layers[i]).__name__} this harness "
+                    f"layer {i} keeps recurrent state in a {type(layers[i]).__name__} this harness "
                     "cannot capture; use rollback=replay")
             out.append((i, mixer))
     return out
 
 
-class _ConvTap(nn.Module):
-    """Wraps a mixer's conv1d to keep its input: [B, kernel-1 + T, C]."""
-
-    def __init__(self, conv: nn.Module, sink: "_Captured", slot: int):
-        super().__init__()
-        self.conv = conv
-        self.sink, self.slot = sink, slot
-
-    def __call__(self, x):
-        self.sink.conv_inputs[self.slot] = x
-        return self.conv(x)
-
-
-@dataclass
-class _Captured:
-    conv_inputs: dict = field(default_factory=dict)  # slot -> [B, kernel-1 + T, C]
-    states: list = field(default_factory=list)  # per mixer call, per position [B, Hv, Dv, Dk]
-
-
-@contextmanager
-def capture_recurrent(mixers: list[tuple[int, nn.Module]]):
-    """Within the block, every Gated DeltaNet forward keeps per-position states.
-
-    Patches (and always restores) the mixers' conv1d and the `gated_delta_update`
-    name in the module that defines them; mlx-lm's files are never edited.
-    """
-    rec = _Captured()
-    modules = {sys.modules[type(m).__module__] for _, m in mixers}
-    originals = {mod: mod.gated_delta_update for mod in modules}
-    convs = [m.conv1d for _, m in mixers]
-
-    def stepwise(orig):
-        def update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, **kw):
-            # q, k: [B, T, Hk, Dk]; v: [B, T, Hv, Dv]; state: [B, Hv, Dv, Dk]
-            ys, states = [], []
-            for t in range(q.shape[1]):
-                s = slice(t, t + 1)
-                y, state = orig(q[:, s], k[:, s], v[:, s], a[:, s], b[:, s], A_log, dt_bias, state,
-                                None if mask is None else mask[:, s], **kw)
-                ys.append(y)
-                states.append(state)
-            rec.states.append(states)
-            return mx.concatenate(ys, axis=1), state
-        return update
-
-    try:
-        for mod in modules:
-            mod.gated_delta_update = stepwise(originals[mod])
-        for slot, (_, m) in enumerate(mixers):
-            m.conv1d = _ConvTap(m.conv1d, rec, slot)
-        yield rec
-    finally:
-        for mod, fn in originals.items():
-            mod.gated_delta_update = fn
-        for (_, m), conv in zip(mixers, convs):
-            m.conv1d = conv
-
-
 class Rollback:
     """Exact rollback of one target's caches around each verify forward.
 
-    Usage per round: `with rb.verify(tokens): logits = model(tokens, cache)`, then
-    `rb.commit(n_keep)`. `cost_ms`-style accounting is done by the harness profiler.
+    Usage per round: `with rb.verify(T): logits = model(tokens, cache)`, then
+    `rb.commit(n_keep)`. Every other forward runs inside `rb.plain()`, so recurrent
+    layers take this backend's fused recurrence there too (engines/deltanet.py).
     """
 
     def __init__(self, model: nn.Module, caches: list, strategy: str, forward):
@@ -277,71 +228,87 @@ class Rollback:
         self.model, self.caches, self.strategy = model, caches, strategy
         self.forward = forward  # callable(tokens) -> logits, used by replay
         self.recurrent = [i for i, c in enumerate(caches) if isinstance(c, ArraysCache)]
-        self.mixers = recurrent_mixers(model, caches) if (strategy == "capture" and self.recurrent) else []
+        mixers = []
+        if self.recurrent:
+            try:
+                mixers = recurrent_mixers(model, caches)
+            except RollbackError:
+                if strategy != "replay":
+                    raise  # replay alone needs no access to the layers' internals
+        self.mixers = [i for i, _ in mixers]
+        self.hook = RecurrenceHook([m for _, m in mixers]) if mixers else None
         self.attention = [c for c in caches if not isinstance(c, ArraysCache)]
         self._pending = None
 
+    def plain(self):
+        """Context for a forward that is never rolled back (prefill, decode)."""
+        return self.hook("plain") if self.hook else nullcontext()
+
     @contextmanager
-    def verify(self, tokens: list[int]):
-        """Wrap the verify forward over `tokens` so that commit() can undo part of it."""
-        if not self.recurrent or len(tokens) == 1:
-            self._pending = ("trim", len(tokens), None)
-            yield
-        elif self.strategy == "capture":
-            with capture_recurrent(self.mixers) as rec:
+    def verify(self, T: int):
+        """Wrap the verify forward over T tokens so that commit() can undo part of it."""
+        if not self.recurrent or T == 1:
+            with self.plain():
                 yield
-            if len(rec.states) != len(self.mixers):
-                raise RollbackError(f"captured {len(rec.states)} recurrent layers, expected {len(self.mixers)}")
-            self._pending = ("capture", len(tokens), rec)
-        else:
+            self._pending = ("trim", T, None)
+        elif self.strategy == "replay":
             snap = [list(self.caches[i].cache) for i in self.recurrent]
-            yield
-            self._pending = ("replay", len(tokens), (snap, list(tokens)))
+            with self.plain():
+                yield
+            self._pending = ("replay", T, snap)
+        else:
+            with self.hook(self.strategy) as rec:
+                yield
+            kept = rec.states if self.strategy == "capture" else rec.inputs
+            if len(kept) != len(self.mixers) or len(rec.conv_inputs) != len(self.mixers):
+                raise RollbackError(f"recorded {len(kept)} recurrent layers, expected {len(self.mixers)}")
+            self._pending = (self.strategy, T, rec)
 
     def stepped(self, T: int, snapshots: list[list]) -> None:
         """Record a sequential verify: T single-token forwards, with the recurrent
         caches' contents after each (snapshots[i] = [cache.cache per recurrent layer])."""
         self._pending = ("steps", T, snapshots)
 
-    def commit(self, n_keep: int) -> int:
-        """Keep the first n_keep verified positions, drop the rest exactly; returns the number dropped."""
+    def commit(self, n_keep: int, tokens=None) -> int:
+        """Keep the first n_keep verified positions, drop the rest exactly; returns the number
+        dropped. `tokens` (the verified ids) is needed by the replay strategy only."""
         kind, T, data = self._pending
         self._pending = None
         if not 1 <= n_keep <= T:
             raise RollbackError(f"n_keep={n_keep} outside 1..{T}")
         if n_keep == T:
             return 0
-        if kind == "trim":
-            for c in self.attention:
-                trim_attention(c, T - n_keep)
-        elif kind == "capture":
-            self._commit_capture(data, T, n_keep)
-        elif kind == "steps":
-            for c in self.attention:
-                trim_attention(c, T - n_keep)
-            for i, saved in zip(self.recurrent, data[n_keep - 1]):
-                self.caches[i].cache = list(saved)
-        else:
-            self._commit_replay(data, T, n_keep)
-        return T - n_keep
-
-    def _commit_capture(self, rec: _Captured, T: int, n_keep: int) -> None:
+        if kind == "replay":
+            self._commit_replay(data, T, tokens[:n_keep])
+            return T - n_keep
         for c in self.attention:
             trim_attention(c, T - n_keep)
-        for slot, (i, m) in enumerate(self.mixers):
+        if kind == "steps":
+            for i, saved in zip(self.recurrent, data[n_keep - 1]):
+                self.caches[i].cache = list(saved)
+        elif kind in ("capture", "recompute"):
+            self._commit_recurrent(kind, data, T, n_keep)
+        return T - n_keep
+
+    def _commit_recurrent(self, kind: str, rec, T: int, n_keep: int) -> None:
+        for slot, i in enumerate(self.mixers):
             conv_in = rec.conv_inputs[slot]  # [B, kernel-1 + T, C]
             width = conv_in.shape[1] - T
             cache = self.caches[i]
             cache[0] = mx.contiguous(conv_in[:, n_keep: n_keep + width, :])
-            cache[1] = rec.states[slot][n_keep - 1]
+            if kind == "capture":
+                cache[1] = rec.states[slot][n_keep - 1]
+            else:  # re-run the recurrence over the accepted prefix from the state before verify
+                q, k, v, g, beta, state = rec.inputs[slot]
+                cut = slice(0, n_keep)
+                cache[1] = recurrence(q[:, cut], k[:, cut], v[:, cut], g[:, cut], beta[:, cut], state)[1]
 
-    def _commit_replay(self, data, T: int, n_keep: int) -> None:
-        snap, tokens = data
+    def _commit_replay(self, snap, T: int, kept) -> None:
         for i, saved in zip(self.recurrent, snap):
             self.caches[i].cache = list(saved)
         for c in self.attention:
             trim_attention(c, T)
-        self.forward(tokens[:n_keep])
+        self.forward(kept)
 
 
 def logical_state(c) -> list[mx.array]:

@@ -10,21 +10,24 @@ size to tell the two apart.
 
 from __future__ import annotations
 
+import mlx.core as mx
+
 from engines.base import Draft, Engine, register
 
 
 @register("control", "verify_control")
 class Control(Engine):
     knobs = ("block_size",)
+    drafts = False  # it keeps one token per round, so the loop pipelines it like base decoding
     verifies_full_block = True  # every round costs a K+1 verify though it drafts nothing
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
         self.fillers = cfg.block_size - 1
 
-    def verify(self, pending: int, draft: Draft):
+    def verify(self, pending: mx.array, draft: Draft):
         # [1 + K fillers] -> logits [K+1, V]; the loop sees only position 0 (empty draft).
-        return self.target.verify([pending] * (1 + self.fillers))[:1]
+        return self.target.verify(mx.repeat(pending, 1 + self.fillers))[:1]
 
     def rollback(self, n_accepted: int, draft: Draft) -> None:
         self.target.commit(1)

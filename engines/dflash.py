@@ -34,7 +34,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from engines.base import Draft, DrafterError, Engine, register
 from engines.checkpoint import check_tensors, read_config, read_tensors, write_checkpoint
-from engines.hidden import embed, hidden_size, lm_head, num_layers
+from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
 
 
 @dataclass
@@ -194,7 +194,7 @@ def load_drafter(path: Path, target_model: nn.Module) -> DFlashDrafter:
     path = Path(path)
     cfg = DFlashConfig.from_json(read_config(path, "a DFlash drafter"), str(path / "config.json"))
     n_target, h_target = num_layers(target_model), hidden_size(target_model)
-    vocab = target_model.model.embed_tokens.weight.shape[0]
+    vocab = vocab_size(target_model)
     bad = [i for i in cfg.target_layer_ids if not 0 <= i < n_target]
     if bad or not cfg.target_layer_ids:
         raise DrafterError(f"dflash_config.target_layer_ids {list(cfg.target_layer_ids)} must be within the "
@@ -211,7 +211,7 @@ def load_drafter(path: Path, target_model: nn.Module) -> DFlashDrafter:
     expected = {k: tuple(v.shape) for k, v in tree_flatten(drafter.parameters())}  # every z-lab tensor
     check_tensors(weights, expected, "drafter", path)
     drafter.load_weights([(k, weights[k]) for k in expected])
-    drafter.set_dtype(target_model.model.embed_tokens.weight.dtype)
+    drafter.set_dtype(activation_dtype(target_model))
     drafter.eval()
     mx.eval(drafter.parameters())
     return drafter
@@ -253,13 +253,8 @@ class DFlash(Engine):
         h = self.drafter(x, ctx, self.dcache)[:, 1:]  # [1, K, H]
         self.prof.mark("drafter_fwd", h)
         logits = lm_head(self.target.model, h)[0]  # [K, V]
-        pos = len(history) - self.prompt_len
-        if self.sampler is not None and self.sampler.temperature > 0:
-            q = self.sampler.probs(logits)
-            tokens = self.sampler.draw(q, pos, 1).tolist()
-        else:
-            q, tokens = None, mx.argmax(logits, axis=-1).tolist()
-        self.prof.mark("drafter_argmax")
+        tokens, q = self.sampler.propose(logits, len(history) - self.prompt_len)  # [K] on the device
+        self.prof.mark("drafter_argmax", tokens)
         return Draft(tokens, q)
 
     def rollback(self, n_accepted, draft):
@@ -294,9 +289,8 @@ class DFlashC(DFlash):
         return super().draft(history, max_tokens)
 
     def verify(self, pending, draft):
-        self.target.reset()
-        self.target.forward_chunked(self.sequence[:-1])  # the whole prefix, from position 0
-        return self.target.forward([pending, *draft.tokens])  # [K+1, V]
+        self.target.prefill(self.sequence[:-1])  # the whole prefix, from position 0
+        return self.target.forward(mx.concatenate([pending, draft.tokens]))  # [K+1, V]
 
     def _commit(self, n_accepted):
         pass  # the next round rebuilds the cache from position 0

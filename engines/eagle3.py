@@ -39,8 +39,9 @@ from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
 from engines.base import Draft, DrafterError, Engine, register
+from engines.cache import trim_attention
 from engines.checkpoint import check_tensors, read_config, read_tensors, write_checkpoint
-from engines.hidden import embed, hidden_size, num_layers
+from engines.hidden import activation_dtype, embed, hidden_size, num_layers, vocab_size
 
 LAYER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "rms_norm_eps",
               "max_position_embeddings", "vocab_size")
@@ -110,31 +111,22 @@ class Eagle3Attention(nn.Module):
     def _heads(self, x, n):
         return x.reshape(*x.shape[:2], n, -1).transpose(0, 2, 1, 3)  # [B, T, n*D] -> [B, n, T, D]
 
-    def __call__(self, x, cache: KVCache | None, offset, extra=None, mask=None):
-        """x [B, T, 2H]. With `extra` None the T tokens are consecutive positions from
-        `offset`, appended to `cache` (causal). Otherwise they are tree nodes that all
-        sit at position `offset`, see cache + extra (K, V) under `mask` [T, C + E + T],
-        and are not cached; their (K, V) are returned for later steps."""
+    def __call__(self, x, cache: KVCache | None, offset, mask=None):
+        """x [B, T, 2H], appended to `cache` (if any). With `mask` None the T tokens are
+        consecutive positions from `offset` (causal). Otherwise they are tree nodes that all
+        sit at position `offset` and see the cache's entries under mask [T, C + T]."""
         B, T, _ = x.shape
         q, k, v = self._heads(self.q_proj(x), self.n_heads), self._heads(self.k_proj(x), self.n_kv), \
             self._heads(self.v_proj(x), self.n_kv)
-        if extra is None:
+        if mask is None:
             q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
-            if cache is not None:
-                keys, values = cache.update_and_fetch(k, v)
-            else:
-                keys, values = k, v
-            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale,
-                                                       mask="causal" if T > 1 else None)
-        else:
-            rot = lambda t: self.rope(t.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)  # same position
+            mask = "causal" if T > 1 else None
+        else:  # one position for every node: rotate them as a batch of length-1 sequences
+            rot = lambda t: self.rope(t.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)
             q, k = rot(q), rot(k)
-            ctx_k, ctx_v = (cache.keys[..., : cache.offset, :], cache.values[..., : cache.offset, :]) \
-                if cache.keys is not None else (k[..., :0, :], v[..., :0, :])
-            keys = mx.concatenate([ctx_k, *extra[0], k], axis=2)
-            values = mx.concatenate([ctx_v, *extra[1], v], axis=2)
-            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, -1)), (k, v)
+        keys, values = cache.update_and_fetch(k, v) if cache is not None else (k, v)
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, -1))
 
 
 class Eagle3Layer(nn.Module):
@@ -148,12 +140,11 @@ class Eagle3Layer(nn.Module):
         self.self_attn = Eagle3Attention(c)
         self.mlp = MLP(h, c.intermediate_size)  # SwiGLU gate/up/down, as in Llama
 
-    def __call__(self, embeds, feats, cache, offset, extra=None, mask=None):
+    def __call__(self, embeds, feats, cache, offset, mask=None):
         g = self.hidden_norm(feats)
         x = mx.concatenate([self.input_layernorm(embeds), g], axis=-1)
-        out, kv = self.self_attn(x, cache, offset, extra, mask)
-        h = (g if self.norm_before_residual else feats) + out
-        return h + self.mlp(self.post_attention_layernorm(h)), kv
+        h = (g if self.norm_before_residual else feats) + self.self_attn(x, cache, offset, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Eagle3Drafter(nn.Module):
@@ -166,9 +157,9 @@ class Eagle3Drafter(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.d2t = mx.zeros((c.draft_vocab_size,), dtype=mx.int64)
 
-    def step(self, embeds, feats, cache, offset, extra=None, mask=None):
-        """One drafter step: [1, T, H] embeddings and features -> ([1, T, H] output feature, (K, V))."""
-        return self.layers[0](embeds, feats, cache, offset, extra, mask)
+    def step(self, embeds, feats, cache, offset, mask=None):
+        """One drafter step: [1, T, H] embeddings and features -> [1, T, H] output features."""
+        return self.layers[0](embeds, feats, cache, offset, mask)
 
     def logprobs(self, h: mx.array) -> mx.array:
         """[..., H] -> log-probabilities over the draft vocabulary [..., Vd]."""
@@ -189,7 +180,7 @@ def load_eagle3(path: Path, target: nn.Module) -> Eagle3Drafter:
     """Load and validate an EAGLE-3 drafter (speculators or SafeAILab layout); DrafterError on any mismatch."""
     path = Path(path)
     c = Eagle3Config.from_json(read_config(path, "an EAGLE-3 drafter"), str(path / "config.json"))
-    n, h, vocab = num_layers(target), hidden_size(target), target.model.embed_tokens.weight.shape[0]
+    n, h, vocab = num_layers(target), hidden_size(target), vocab_size(target)
     if c.aux_layer_ids is None:
         c.aux_layer_ids = default_aux_layers(n)
     if len(c.aux_layer_ids) != 3 or not all(1 <= i <= n for i in c.aux_layer_ids):
@@ -213,7 +204,7 @@ def load_eagle3(path: Path, target: nn.Module) -> Eagle3Drafter:
     targets = mx.arange(c.draft_vocab_size) + d2t
     if mx.any((targets < 0) | (targets >= vocab)).item():
         raise DrafterError(f"d2t maps draft ids outside the target vocab (0..{vocab - 1})")
-    dtype = target.model.embed_tokens.weight.dtype
+    dtype = activation_dtype(target)
     drafter.load_weights([(k, d2t if k == "d2t" else weights[k].astype(dtype))
                           for k, _ in tree_flatten(drafter.parameters())])
     drafter.eval()
@@ -225,12 +216,11 @@ def load_eagle3(path: Path, target: nn.Module) -> Eagle3Drafter:
 
 @dataclass
 class _Node:
-    token: int  # target id
     parent: int  # node index, -1 = root (the pending token)
     score: float  # cumulative log-probability
     depth: int
     feature: mx.array | None = None  # [1, 1, H] the drafter output after this node was processed
-    kv_slot: int = -1  # which tree-step K/V entry this node owns once expanded
+    kv_slot: int = -1  # which tree entry of the drafter cache this node owns once expanded
 
 
 @register("eagle3")
@@ -267,8 +257,7 @@ class Eagle3(Engine):
         self.features = []
         start = self.cache.offset
         e = embed(self.target.model, mx.array([history[start + 1:]], dtype=mx.int32))
-        out, _ = self.drafter.step(e, self.drafter.fc(feats), self.cache, start)
-        return out[:, -1:]
+        return self.drafter.step(e, self.drafter.fc(feats), self.cache, start)[:, -1:]
 
     def draft(self, history, max_tokens):
         depth = min(self.depth, max_tokens)
@@ -276,27 +265,29 @@ class Eagle3(Engine):
             return Draft()
         root = self._commit_pass(history)
         self.prof.mark("commit_pass", root)
-        if self.tree_mode:
-            draft = self._tree(history, root, depth)
-        else:
-            draft = self._chain(history, root, depth)
-        self.prof.mark("tree_expand")
+        committed = self.cache.offset
+        draft = (self._tree if self.tree_mode else self._chain)(history, root, depth)
+        trim_attention(self.cache, self.cache.offset - committed)  # tree/chain entries were drafts
+        self.prof.mark("tree_expand", draft.tokens)
         return draft
 
-    def _expand(self, nodes: list[_Node], frontier: list[int], pos: int, kvs: list, anc_slots) -> mx.array:
-        """Run one drafter step for the frontier nodes, all at position `pos`; [1, F, H]."""
-        e = embed(self.target.model, mx.array([[nodes[f].token for f in frontier]], dtype=mx.int32))
+    def _expand(self, nodes: list[_Node], frontier: list[int], tokens: mx.array, pos: int, n_prev: int) -> mx.array:
+        """One drafter step for the frontier nodes, all at position `pos`, their K/V appended to
+        the drafter cache after the n_prev tree entries already there; [1, F, H]."""
+        F = len(frontier)
+        e = embed(self.target.model, mx.take(tokens, mx.array(frontier))[None])  # [1, F, H]
         feats = mx.concatenate([nodes[nodes[f].parent].feature if nodes[f].parent >= 0 else self._root
                                 for f in frontier], axis=1)
-        n_prev = sum(k.shape[2] for k in kvs[0])
-        F = len(frontier)
-        ancestors = [anc_slots(f) for f in frontier]  # one walk per node, not one per (node, slot)
-        tree = [[s in a for s in range(n_prev)] for a in ancestors]
-        mask = mx.concatenate([mx.ones((F, self.cache.offset), dtype=mx.bool_),
-                               mx.array(tree, dtype=mx.bool_).reshape(F, n_prev), mx.eye(F, dtype=mx.bool_)], axis=1)
-        out, (k, v) = self.drafter.step(e, feats, self.cache, pos, extra=kvs, mask=mask)
-        kvs[0].append(k)
-        kvs[1].append(v)
+        tree = [[False] * n_prev for _ in frontier]
+        for row, f in zip(tree, frontier):  # each node sees its ancestors' entries (one walk per node)
+            p = nodes[f].parent
+            while p >= 0:
+                row[nodes[p].kv_slot] = True
+                p = nodes[p].parent
+        context = self.cache.offset - n_prev
+        mask = mx.concatenate([mx.ones((F, context), dtype=mx.bool_), mx.array(tree, dtype=mx.bool_).reshape(F, n_prev),
+                               mx.eye(F, dtype=mx.bool_)], axis=1)  # [F, C + n_prev + F]
+        out = self.drafter.step(e, feats, self.cache, pos, mask=mask)
         for j, f in enumerate(frontier):
             nodes[f].feature, nodes[f].kv_slot = out[:, j:j + 1], n_prev + j
         return out
@@ -306,34 +297,25 @@ class Eagle3(Engine):
         pending_pos = len(history) - 1
         lp = self.drafter.logprobs(root[0, 0])  # [Vd]
         top = mx.argsort(-lp)[: self.top_k]
-        tokens = self.drafter.to_target(top).tolist()
-        nodes = [_Node(t, -1, s, 1) for t, s in zip(tokens, lp[top].tolist())]
-        frontier = list(range(len(nodes)))
-        kvs = ([], [])
-
-        def anc_slots(f):
-            slots, p = set(), nodes[f].parent
-            while p >= 0:
-                slots.add(nodes[p].kv_slot)
-                p = nodes[p].parent
-            return slots
-
+        ids = [self.drafter.to_target(top)]  # node i's target id is concat(ids)[i]; ids stay on the device
+        nodes = [_Node(-1, s, 1) for s in lp[top].tolist()]
+        frontier, n_prev = list(range(len(nodes))), 0
         for d in range(2, depth + 1):
-            out = self._expand(nodes, frontier, pending_pos + d - 2, kvs, anc_slots)  # [1, F, H]
+            out = self._expand(nodes, frontier, mx.concatenate(ids), pending_pos + d - 2, n_prev)  # [1, F, H]
+            n_prev += len(frontier)
             lp = self.drafter.logprobs(out[0])  # [F, Vd]
             top = mx.argsort(-lp, axis=-1)[:, : self.top_k]  # [F, k]
-            scores = (mx.take_along_axis(lp, top, axis=-1) + mx.array([nodes[f].score for f in frontier])[:, None])
-            children, scores = self.drafter.to_target(top).tolist(), scores.tolist()
+            scores = mx.take_along_axis(lp, top, axis=-1) + mx.array([nodes[f].score for f in frontier])[:, None]
+            ids.append(self.drafter.to_target(top).reshape(-1))
             first = len(nodes)
-            for j, f in enumerate(frontier):
-                for t, s in zip(children[j], scores[j]):
-                    nodes.append(_Node(t, f, s, d))
+            for f, row in zip(frontier, scores.tolist()):  # the depth's one host read
+                nodes += [_Node(f, s, d) for s in row]
             new = sorted(range(first, len(nodes)), key=lambda i: (-nodes[i].score, i))
             frontier = sorted(new[: self.top_k])
         keep = sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, i))[: self.total])
         keep = self._close_under_ancestors(nodes, keep)
         index = {old: new for new, old in enumerate(keep)}
-        return Draft([nodes[i].token for i in keep],
+        return Draft(mx.take(mx.concatenate(ids), mx.array(keep)),
                      parents=[index[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in keep])
 
     @staticmethod
@@ -347,29 +329,24 @@ class Eagle3(Engine):
         return sorted(out)
 
     def _chain(self, history, root, depth) -> Draft:
-        """The single best (or sampled) path, for hybrid targets and temperature > 0."""
-        self._root = root
+        """The single best (or sampled) path, for hybrid targets and temperature > 0: causal
+        drafter steps at consecutive positions, every token kept on the device."""
         pending_pos = len(history) - 1
         pos_out = len(history) - self.prompt_len
         sampling = self.sampler is not None and self.sampler.temperature > 0
-        nodes, qs, kvs, h = [], [], ([], []), root
+        tokens, qs, h = [], [], root
         for d in range(1, depth + 1):
-            if d > 1:
-                h = self._expand(nodes, [len(nodes) - 1], pending_pos + d - 2, kvs,
-                                 lambda f: {nodes[i].kv_slot for i in range(f)})
+            if d > 1:  # the previous draft with the feature that predicted it, at its parent's position
+                h = self.drafter.step(embed(self.target.model, tokens[-1][None]), h, self.cache, pending_pos + d - 2)
             logits = self.drafter.lm_head(self.drafter.norm(h[0, -1]))[None]  # [1, Vd]
-            if sampling:
-                q_draft = self.sampler.probs(logits)  # over the draft vocabulary
-                pick = self.sampler.draw(q_draft, pos_out + d - 1, 1)
-                q = mx.zeros((1, self.drafter.config.vocab_size)).at[0, self.draft_ids].add(q_draft[0])  # target vocab
-                qs.append(q[0])
-            else:
-                pick = mx.argmax(logits, axis=-1)
-            nodes.append(_Node(self.drafter.to_target(pick).item(), len(nodes) - 1, 0.0, d))
-        return Draft([n.token for n in nodes], mx.stack(qs) if qs else None)
+            pick, q_draft = self.sampler.propose(logits, pos_out + d - 1)
+            if sampling:  # q over the target vocabulary, for speculative sampling
+                qs.append(mx.zeros((1, self.drafter.config.vocab_size)).at[:, self.draft_ids].add(q_draft))
+            tokens.append(self.drafter.to_target(pick))
+        return Draft(mx.concatenate(tokens), mx.concatenate(qs) if qs else None)
 
     def verify(self, pending, draft):
-        tokens = [pending, *draft.tokens]
+        tokens = mx.concatenate([pending, draft.tokens])
         if draft.parents is not None:
             logits = self.target.verify_tree(tokens, draft.parents)
         else:
@@ -386,8 +363,8 @@ class Eagle3(Engine):
             self.target.commit(n_accepted + 1)
             self.features.append(self.verified_features[:, : n_accepted + 1])
 
-    def state(self):
-        return [*super().state(), self.cache.state]
+    def caches(self):
+        return [*super().caches(), self.cache]
 
     def describe(self):
         c = self.drafter.config

@@ -30,8 +30,26 @@ def num_layers(model: nn.Module) -> int:
     return len(decoder(model).layers)
 
 
+def embed_tokens(model: nn.Module) -> nn.Module:
+    return decoder(model).embed_tokens
+
+
+def vocab_size(model: nn.Module) -> int:
+    """Rows of the token embedding (a quantized embedding packs its columns, never its rows)."""
+    e = embed_tokens(model)
+    return getattr(e, "num_embeddings", None) or e.weight.shape[0]
+
+
 def hidden_size(model: nn.Module) -> int:
-    return decoder(model).embed_tokens.weight.shape[-1]
+    """Width of the embedding as the model computes with it (not its packed storage width)."""
+    e = embed_tokens(model)
+    return getattr(e, "dims", None) or e.weight.shape[-1]
+
+
+def activation_dtype(model: nn.Module) -> mx.Dtype:
+    """The dtype the target computes in: what its embedding returns (scales of a quantized one)."""
+    e = embed_tokens(model)
+    return getattr(e, "scales", e.weight).dtype
 
 
 class _Hook:

@@ -36,7 +36,7 @@ from mlx_lm.models.cache import KVCache
 from engines.base import Draft, DrafterError, Engine, Unsupported, register
 from engines.cache import trim_attention
 from engines.checkpoint import check_tensors
-from engines.hidden import embed, final_norm, lm_head, num_layers
+from engines.hidden import activation_dtype, embed, final_norm, lm_head, num_layers
 
 NORMS = ("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight",
          "layers.0.input_layernorm.weight", "layers.0.post_attention_layernorm.weight",
@@ -112,7 +112,7 @@ def load_mtp(path: Path, model: nn.Module) -> MTPHead:
     check_tensors({f"mtp.{k}": v for k, v in mtp.items()}, {f"mtp.{k}": v for k, v in expected.items()}, "MTP", path)
     if hf_form:
         mtp.update({k: mtp[k] + 1.0 for k in NORMS if k in mtp})  # Gemma-style (1 + w) RMSNorm
-    dtype = model.model.embed_tokens.weight.dtype
+    dtype = activation_dtype(model)
     head.load_weights([(k, mtp[k].astype(dtype) if mx.issubdtype(mtp[k].dtype, mx.floating) else mtp[k])
                        for k in expected])
     head.eval()
@@ -142,16 +142,9 @@ class MTP(Engine):
     def _normed(self, h):
         return final_norm(self.target.model, h)  # the target's last-layer output after its final norm
 
-    def _step(self, tokens: list[int], hidden: mx.array) -> mx.array:
-        x = embed(self.target.model, mx.array([tokens], dtype=mx.int32))  # [1, T, H]
+    def _step(self, tokens: mx.array, hidden: mx.array) -> mx.array:
+        x = embed(self.target.model, tokens[None])  # [T] ids -> [1, T, H]
         return self.head(x, hidden, self.cache)
-
-    def _choose(self, h: mx.array, pos: int) -> tuple[int, mx.array | None]:
-        logits = lm_head(self.target.model, h)  # [1, V]
-        if self.sampler is not None and self.sampler.temperature > 0:
-            q = self.sampler.probs(logits)
-            return self.sampler.draw(q, pos, 1).item(), q[0]
-        return mx.argmax(logits, axis=-1).item(), None
 
     def draft(self, history, max_tokens):
         k = min(self.k, max_tokens)
@@ -160,20 +153,20 @@ class MTP(Engine):
         hidden = self.hidden[0] if len(self.hidden) == 1 else mx.concatenate(self.hidden, axis=1)  # [1, n, H]
         self.hidden = []
         start = self.cache.offset  # first position MTP has not seen: pair (h_t, token t+1)
-        out = self._step(history[start + 1:], hidden)  # [1, n, H]
+        out = self._step(mx.array(history[start + 1:], dtype=mx.int32), hidden)  # [1, n, H]
         self.prof.mark("mtp_first", out)
         pos = len(history) - self.prompt_len
         tokens, qs = [], []
         h = out[:, -1:]
         for i in range(k):
             if i:
-                h = self._step([tokens[-1]], h)  # chain: MTP's own state and draft feed the next step
-            t, q = self._choose(h[0], pos + i)
+                h = self._step(tokens[-1], h)  # chain: MTP's own state and draft feed the next step
+            t, q = self.sampler.propose(lm_head(self.target.model, h[0]), pos + i)  # [1] ids on the device
             tokens.append(t)
             qs.append(q)
         self.chained = k - 1
-        self.prof.mark("mtp_chain")
-        return Draft(tokens, mx.stack(qs) if qs[0] is not None else None)
+        self.prof.mark("mtp_chain", tokens[-1])
+        return Draft(mx.concatenate(tokens), mx.concatenate(qs) if qs[0] is not None else None)
 
     def rollback(self, n_accepted, draft):
         kept = self.target.hidden[:, : n_accepted + 1]  # read before a replay commit re-runs the target
@@ -182,8 +175,8 @@ class MTP(Engine):
         self.chained = 0
         self.hidden.append(self._normed(kept))
 
-    def state(self):
-        return [*super().state(), self.cache.state]
+    def caches(self):
+        return [*super().caches(), self.cache]
 
     def describe(self):
         return {**super().describe(), "k": self.k}

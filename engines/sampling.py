@@ -1,4 +1,4 @@
-"""Choosing target tokens, and the acceptance rule for deterministic drafts.
+"""Choosing tokens, and the acceptance rules, computed on the device.
 
 Temperature 0 is argmax. Temperature > 0 is the Gumbel-max trick with noise keyed
 by (seed, output position): every engine that decides output position i draws the
@@ -12,13 +12,15 @@ min(1, p_i(x_i) / q_i(x_i)); at the first rejection draw the correction from
 normalize(max(0, p_i - q_i)); if all K are accepted draw the bonus from p_K. The
 output then has exactly the target's distribution p, whatever q is. Random draws
 are keyed by (seed, position, stream) so runs are reproducible.
+
+Both acceptance rules return one small device array, the round's *outcome*:
+[n accepted, then K+1 tokens of which the first n+1 are emitted]. The loop reads it
+with one host transfer per round; nothing before it waits on the host.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
-
-from engines.base import Draft
 
 
 class Sampler:
@@ -46,47 +48,55 @@ class Sampler:
                          for i in range(probs.shape[0])])
 
     def choose(self, logits: mx.array, pos: int) -> mx.array:
-        """logits [T, V] for output positions pos..pos+T-1 -> chosen ids [T]."""
+        """logits [T, V] for output positions pos..pos+T-1 -> the target's ids [T]."""
         if self.temperature == 0:
             return mx.argmax(logits, axis=-1)
         scaled = logits.astype(mx.float32) / self.temperature
         return mx.argmax(scaled + self._noise(pos, *logits.shape), axis=-1)
 
+    def propose(self, logits: mx.array, pos: int) -> tuple[mx.array, mx.array | None]:
+        """A drafter's pick from its logits [T, V] at positions pos..: (ids [T], q [T, V] or
+        None). Greedy drafts are deterministic (q None); sampled ones carry the q they came from."""
+        if self.temperature == 0:
+            return mx.argmax(logits, axis=-1), None
+        q = self.probs(logits)
+        return self.draw(q, pos, 1), q
 
-def accept_deterministic(draft: Draft, choices: list[int]) -> tuple[int, int]:
-    """Longest prefix of the draft equal to the target's choices, plus the bonus.
 
-    choices[i] is the target's token for the position draft.tokens[i] would fill
-    (len K+1). A deterministic draft x_i is accepted iff x_i == choice_i: under
-    sampling that is speculative sampling with a one-hot q, so the output has the
-    target's distribution; at temperature 0 it is exact greedy decoding.
-    Returns (n_accepted, bonus token = choices[n_accepted]).
+def accept_deterministic(tokens: mx.array, choices: mx.array) -> mx.array:
+    """Outcome of a deterministic draft: the longest prefix equal to the target's choices.
+
+    tokens [K] drafts; choices [K+1] the target's token for each position the drafts
+    (and the bonus) would fill. A deterministic draft x_i is accepted iff x_i ==
+    choice_i: under sampling that is speculative sampling with a one-hot q, so the
+    output has the target's distribution; at temperature 0 it is exact greedy
+    decoding. The emitted tokens are then choices[:n+1] (accepted drafts equal them).
     """
-    n = 0
-    for x, c in zip(draft.tokens, choices):
-        if x != c:
-            break
-        n += 1
-    return n, choices[n]
+    k = tokens.shape[0]
+    choices = choices.astype(mx.int32)
+    if k == 0:
+        return mx.concatenate([mx.zeros((1,), dtype=mx.int32), choices])
+    n = mx.cumprod((tokens.astype(mx.int32) == choices[:k]).astype(mx.int32)).sum(keepdims=True)  # [1]
+    return mx.concatenate([n, choices])
 
 
-def accept_speculative(draft: Draft, logits: mx.array, sampler: Sampler, pos: int) -> tuple[int, int]:
-    """Speculative sampling for drafts sampled from draft.q [K, V]; logits [K+1, V].
+def accept_speculative(tokens: mx.array, q: mx.array, logits: mx.array, sampler: Sampler, pos: int) -> mx.array:
+    """Outcome of speculative sampling for drafts tokens [K] sampled from q [K, V]; logits [K+1, V].
 
-    Returns (n_accepted, next token): the next token is the correction sample at the
-    first rejected position, or the bonus sample from p_K when all K are accepted.
-    """
-    k = len(draft.tokens)
+    Every candidate for the round's last token is drawn with its own key (the correction
+    at each position i < K, the bonus at K) and the one at n is selected on the device,
+    so the result equals drawing only the one that is used."""
+    k = tokens.shape[0]
     p = sampler.probs(logits)  # [K+1, V]
-    x = mx.array(draft.tokens, dtype=mx.int32)
+    x = tokens.astype(mx.int32)
     p_x = mx.take_along_axis(p[:k], x[:, None], axis=-1)[:, 0]  # [K]
-    q_x = mx.take_along_axis(draft.q, x[:, None], axis=-1)[:, 0]  # [K]
+    q_x = mx.take_along_axis(q, x[:, None], axis=-1)[:, 0]  # [K]
     u = mx.stack([mx.random.uniform(key=sampler.key(pos + i, 2)) for i in range(k)])
-    accept = (u * q_x < p_x).tolist()  # u < p/q without dividing by a zero q
-    n = next((i for i, a in enumerate(accept) if not a), k)
-    if n == k:
-        return k, sampler.draw(p[k:], pos + k, 0).item()
-    residual = mx.maximum(p[n] - draft.q[n], 0.0)
-    total = residual.sum()
-    residual = mx.where(total > 0, residual / mx.maximum(total, 1e-30), p[n])  # p == q there: any sample of p
-    return n, sampler.draw(residual[None], pos + n, 3).item()
+    n = mx.cumprod((u * q_x < p_x).astype(mx.int32)).sum(keepdims=True)  # u < p/q without dividing by a zero q
+    residual = mx.maximum(p[:k] - q, 0.0)  # [K, V]
+    total = residual.sum(axis=-1, keepdims=True)
+    residual = mx.where(total > 0, residual / mx.maximum(total, 1e-30), p[:k])  # p == q there: any sample of p
+    last = mx.concatenate([sampler.draw(residual, pos, 3), sampler.draw(p[k:], pos + k, 0)]).astype(mx.int32)
+    final = mx.take(last, n)  # [1]
+    emitted = mx.where(mx.arange(k + 1) < n, mx.concatenate([x, final]), final)  # [K+1]: drafts up to n, then final
+    return mx.concatenate([n, emitted])

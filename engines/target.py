@@ -1,7 +1,9 @@
 """The target model and its cache: the one place that runs target forwards.
 
 Every engine prefills, verifies and rolls back through a Target, so cache handling
-and exact rollback exist once.
+and exact rollback exist once. Token ids come in as lists or as device arrays; a
+device array is never read here, so a draft can go from drafter to verify without a
+host round trip.
 """
 
 from __future__ import annotations
@@ -10,10 +12,17 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engines.cache import Rollback, make_cache, trim_attention
-from engines.hidden import capture_hidden
+from engines.hidden import capture_hidden, vocab_size
 from engines.tree import check_tree_capable, compact, tree_attention
 
 PREFILL_CHUNK = 2048
+
+
+def as_ids(tokens) -> mx.array:
+    """[T] int32 ids from a list of ints or an array (arrays stay lazy)."""
+    if isinstance(tokens, mx.array):
+        return tokens if tokens.dtype == mx.int32 else tokens.astype(mx.int32)
+    return mx.array(tokens, dtype=mx.int32)
 
 
 class Target:
@@ -29,20 +38,23 @@ class Target:
         self.kv, self.kv_group_size, self.strategy = kv, kv_group_size, rollback
         self.hidden_layers: tuple[int, ...] = ()  # layer outputs to keep from every forward (set by drafters)
         self.hidden: mx.array | None = None  # [1, T, len(hidden_layers) * H] of the last forward
+        self.vocab_size = vocab_size(model)
         self.reset()
 
     def reset(self) -> None:
         self.cache, self.layout = make_cache(self.model, self.kv, self.kv_group_size)
-        self.rollback = Rollback(self.model, self.cache, self.strategy, self._feed)
+        self.rollback = Rollback(self.model, self.cache, self.strategy, self._replay)
         self.offset = 0
+        self._last = None  # ids of the last verify (replay re-feeds a prefix of them)
 
-    @property
-    def vocab_size(self) -> int:
-        return self.model.model.embed_tokens.weight.shape[0]
+    def set_strategy(self, strategy: str) -> None:
+        """Switch the recurrent rollback strategy (takes effect at the next prefill)."""
+        self.strategy = strategy
+        self.reset()
 
-    def _feed(self, tokens: list[int]) -> mx.array:
-        # [T] token ids -> [1, T, V] logits; caches advance, offset bookkeeping is the caller's.
-        inputs = mx.array(tokens, dtype=mx.int32)[None]
+    def _feed(self, ids: mx.array) -> mx.array:
+        # [T] ids -> [1, T, V] logits; caches advance, offset bookkeeping is the caller's.
+        inputs = ids[None]
         if not self.hidden_layers:
             return self.model(inputs, cache=self.cache)
         with capture_hidden(self.model, self.hidden_layers) as sink:
@@ -50,57 +62,69 @@ class Target:
         self.hidden = mx.concatenate(sink, axis=-1)  # [1, T, n * H]
         return logits
 
-    def forward(self, tokens: list[int]) -> mx.array:
-        """Feed `tokens` at the current offset; logits [T, V]."""
-        self.offset += len(tokens)
-        return self._feed(tokens)[0]
+    def _replay(self, ids: mx.array) -> mx.array:
+        with self.rollback.plain():
+            return self._feed(ids)
 
-    def prefill(self, prompt: list[int]) -> mx.array:
+    def forward(self, tokens) -> mx.array:
+        """Feed `tokens` at the current offset (never rolled back); logits [T, V]."""
+        ids = as_ids(tokens)
+        self.offset += ids.shape[0]
+        with self.rollback.plain():
+            return self._feed(ids)[0]
+
+    def prefill(self, prompt) -> mx.array:
         """Fresh cache, feed the prompt (in chunks); logits [V] at its last position."""
-        assert prompt, "prefill needs at least one prompt token"
+        ids = as_ids(prompt)
+        assert ids.shape[0] >= 1, "prefill needs at least one prompt token"
         self.reset()
-        return self.forward_chunked(prompt)[-1]
+        return self.forward_chunked(ids)[-1]
 
-    def forward_chunked(self, tokens: list[int]) -> mx.array:
+    def forward_chunked(self, tokens) -> mx.array:
         """forward() in chunks of PREFILL_CHUNK; logits [T_last_chunk, V], hidden for all T."""
-        starts = range(0, len(tokens), PREFILL_CHUNK)
+        ids = as_ids(tokens)
+        starts = range(0, ids.shape[0], PREFILL_CHUNK)
         hidden = []
         for s in starts[:-1]:
-            self.forward(tokens[s: s + PREFILL_CHUNK])
+            self.forward(ids[s: s + PREFILL_CHUNK])
             hidden.append(self.hidden)
             mx.eval([c.state for c in self.cache], hidden)  # bound the lazy graph of long prompts
-        logits = self.forward(tokens[starts[-1]:])
+        logits = self.forward(ids[starts[-1]:])
         if self.hidden_layers and hidden:
             self.hidden = mx.concatenate([*hidden, self.hidden], axis=1)
         return logits
 
-    def verify(self, tokens: list[int]) -> mx.array:
+    def verify(self, tokens) -> mx.array:
         """Feed `tokens` in one forward so commit() can keep any prefix; logits [T, V]."""
-        with self.rollback.verify(tokens):
-            logits = self.forward(tokens)
-        return logits
+        ids = as_ids(tokens)
+        self._last = ids
+        self.offset += ids.shape[0]
+        with self.rollback.verify(ids.shape[0]):
+            return self._feed(ids)[0]
 
-    def verify_sequential(self, tokens: list[int]) -> mx.array:
+    def verify_sequential(self, tokens) -> mx.array:
         """Like verify(), but one forward per token: the numerics of single-token decode
         at the cost of T forwards; logits [T, V]."""
+        ids = as_ids(tokens)
         logits, hidden, snapshots = [], [], []
         recurrent = self.rollback.recurrent
-        for t in tokens:
-            logits.append(self.forward([t]))
+        for t in range(ids.shape[0]):
+            logits.append(self.forward(ids[t: t + 1]))
             hidden.append(self.hidden)
             snapshots.append([list(self.cache[i].cache) for i in recurrent])
         if self.hidden_layers:
             self.hidden = mx.concatenate(hidden, axis=1)
-        self.rollback.stepped(len(tokens), snapshots)
+        self.rollback.stepped(ids.shape[0], snapshots)
         return mx.concatenate(logits, axis=0)
 
-    def verify_tree(self, tokens: list[int], parents: list[int]) -> mx.array:
+    def verify_tree(self, tokens, parents: list[int]) -> mx.array:
         """[root] + tree nodes in one forward, each node at its depth's position seeing
         only its ancestors (engines/tree.py); logits [T, V]. Attention-only targets."""
         check_tree_capable(self.cache)
+        ids = as_ids(tokens)
         with tree_attention(self.model, parents):
-            logits = self.forward(tokens)
-        self._tree_size = len(tokens)
+            logits = self.forward(ids)
+        self._tree_size = ids.shape[0]
         return logits
 
     def commit_tree(self, keep: list[int]) -> None:
@@ -124,4 +148,4 @@ class Target:
 
     def commit(self, n_keep: int) -> None:
         """Keep the first n_keep tokens of the last verify, drop the rest (exact or raise)."""
-        self.offset -= self.rollback.commit(n_keep)
+        self.offset -= self.rollback.commit(n_keep, self._last)

@@ -1,9 +1,14 @@
 """The decode loop: the one place that drives engines, accepts drafts and reads clocks.
 
-Every method runs through `generate`. Clock reads follow an mx.eval barrier only
-where the harness measures: the prefill, each round's end (the acceptance step
-already forces the verify result to the host), and -- only when profiling is on --
-each phase boundary. With profiling off, phase marks are no-ops.
+Every method runs through `generate`. A drafting round builds draft, verify and
+acceptance as one lazy graph and reads the host once, for its outcome (accepted count
+and emitted tokens); rollback then queues its work on top. Engines that never draft
+(base, control) run pipelined as mlx-lm's generate_step does: the next step is queued
+before the current token is read, so the device never waits for Python.
+
+Clock reads: the prefill's end (its first token), each round's end (its outcome read),
+and -- only when profiling is on -- each phase boundary, behind an mx.eval barrier.
+With profiling off, phase marks are no-ops and nothing else synchronises.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engines.base import Engine, NullProfiler
+from engines.base import Draft, Engine, NullProfiler
 from engines.sampling import Sampler, accept_deterministic, accept_speculative
 from engines.tree import accept_tree_greedy, tree_depths
 
@@ -61,8 +66,11 @@ def generate(engine: Engine, prompt: list[int], max_new_tokens: int, sampler: Sa
     engine.prof = prof or NullProfiler()
     engine.sampler = sampler  # drafters that sample their drafts draw from its keyed streams
     t0 = time.perf_counter()
-    logits = engine.prefill(prompt)
-    token = sampler.choose(logits[None], 0).item()
+    first = sampler.choose(engine.prefill(prompt)[None], 0).astype(mx.int32)  # [1]
+    if not engine.drafts and not profile:
+        yield from _pipelined(engine, first, t0, max_new_tokens, sampler, stop_tokens)
+        return
+    token = first.item()
     t1 = time.perf_counter()
     yield Prefill(token, t1 - t0)
     history = [*prompt, token]
@@ -81,45 +89,75 @@ def generate(engine: Engine, prompt: list[int], max_new_tokens: int, sampler: Sa
     mx.eval(engine.state())  # lazy rollback work of the last round belongs to this run
 
 
+def _pipelined(engine: Engine, token: mx.array, t0: float, max_new_tokens: int, sampler: Sampler,
+               stop_tokens: frozenset[int]) -> Iterator[Prefill | Round]:
+    # One decode step per round, each queued before the previous token is read.
+    empty = Draft()
+
+    def step(tok: mx.array, pos: int) -> mx.array:
+        nxt = sampler.choose(engine.verify(tok, empty), pos).astype(mx.int32)  # [1]
+        engine.rollback(0, empty)
+        mx.async_eval(nxt)
+        return nxt
+
+    mx.async_eval(token)
+    nxt = step(token, 1) if max_new_tokens > 1 else None
+    value = token.item()
+    t1 = time.perf_counter()
+    yield Prefill(value, t1 - t0)
+    for produced in range(1, max_new_tokens):
+        if value in stop_tokens:
+            break
+        token, nxt = nxt, (step(nxt, produced + 1) if produced + 1 < max_new_tokens else None)
+        value = token.item()
+        t2 = time.perf_counter()
+        yield Round(0, 0, [value], t2 - t1, None)
+        t1 = t2
+    mx.eval(engine.state())
+
+
 def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, pos: int,
            prof: Profiler | None) -> Round:
-    # One speculative step: draft, verify [pending] + draft in one forward,
-    # accept the longest agreeing prefix plus the target's bonus token, roll back.
+    # One speculative step: draft, verify [pending] + draft in one forward, accept the
+    # longest agreeing prefix plus the target's bonus token, read the outcome, roll back.
     if prof:
         prof.start()
     draft = engine.draft(history, budget - 1)
-    reach = len(draft.tokens) if draft.parents is None else max(tree_depths(draft.parents), default=0)
+    reach = draft.k if draft.parents is None else max(tree_depths(draft.parents), default=0)
     assert reach <= budget - 1, f"{engine.name} drafted {reach} deep with {budget - 1} tokens left"
     if prof:
-        prof.mark("draft", draft.q)
-    logits = engine.verify(history[-1], draft)  # [K+1, V]
+        prof.mark("draft", draft.tokens, draft.q)
+    logits = engine.verify(mx.array([history[-1]], dtype=mx.int32), draft)  # [K+1, V]
     if prof:
         prof.mark("verify", logits)
     if draft.parents is not None:
         return _tree_round(engine, draft, logits, sampler, pos, prof, reach)
-    if draft.q is not None and sampler.temperature > 0 and draft.tokens:
-        n, bonus = accept_speculative(draft, logits, sampler, pos)
+    if draft.q is not None and sampler.temperature > 0 and draft.k:
+        outcome = accept_speculative(draft.tokens, draft.q, logits, sampler, pos)
     else:
-        n, bonus = accept_deterministic(draft, sampler.choose(logits, pos).tolist())
+        outcome = accept_deterministic(draft.tokens, sampler.choose(logits, pos))
+    values = outcome.tolist()  # [n, emitted...]: the round's one host read
+    n = values[0]
     if prof:
         prof.mark("accept")
     engine.rollback(n, draft)
     if prof:
         prof.mark("rollback", engine.state())
-    emitted = [*draft.tokens[:n], bonus]
-    return Round(len(draft.tokens), n, emitted, 0.0, prof.times if prof else None)
+    return Round(draft.k, n, values[1: n + 2], 0.0, prof.times if prof else None)
 
 
-def _tree_round(engine: Engine, draft, logits, sampler: Sampler, pos: int, prof: Profiler | None,
+def _tree_round(engine: Engine, draft: Draft, logits, sampler: Sampler, pos: int, prof: Profiler | None,
                 depth: int) -> Round:
     # logits [1 + nodes, V]: accept the longest root-to-node path matching the target's greedy choices.
     assert sampler.temperature == 0, "tree drafts are verified greedily; engines draft chains when sampling"
-    path, bonus = accept_tree_greedy(draft.tokens, draft.parents, sampler.choose(logits, pos).tolist())
+    both = mx.concatenate([draft.tokens, sampler.choose(logits, pos).astype(mx.int32)]).tolist()  # one read
+    nodes, choices = both[: draft.k], both[draft.k:]
+    path, bonus = accept_tree_greedy(nodes, draft.parents, choices)
     draft.accepted_path = path
     if prof:
         prof.mark("accept")
     engine.rollback(len(path), draft)
     if prof:
         prof.mark("rollback", engine.state())
-    emitted = [*(draft.tokens[i] for i in path), bonus]
-    return Round(depth, len(path), emitted, 0.0, prof.times if prof else None, tree_size=len(draft.tokens))
+    emitted = [*(nodes[i] for i in path), bonus]
+    return Round(depth, len(path), emitted, 0.0, prof.times if prof else None, tree_size=draft.k)

@@ -2,6 +2,7 @@
 
 import pytest
 
+from engines.cache import ROLLBACK_STRATEGIES
 from engines.ngram import Ngram
 from engines.target import Target
 from harness.prompts import encode_turn
@@ -32,7 +33,7 @@ def test_ngram_greedy_output_is_identical_to_base_on_every_builtin_prompt(models
     assert rejected_rounds >= 50, f"only {rejected_rounds} rounds rolled back: the test would prove little"
 
 
-@pytest.mark.parametrize("strategy", ["capture", "replay"])
+@pytest.mark.parametrize("strategy", list(ROLLBACK_STRATEGIES))
 @pytest.mark.parametrize("arch", ["qwen35", "gemma4"])
 def test_partial_acceptance_at_every_position_stays_lossless(models, arch, strategy):
     # An oracle with one corrupted token per round: acceptance lengths 0..K all occur,

@@ -10,6 +10,7 @@ from mlx.utils import tree_flatten
 
 import harness.loop as loop
 from engines.base import DrafterError, Unsupported
+from engines.cache import ROLLBACK_STRATEGIES
 from engines.mtp import MTP, MTPHead, load_mtp
 from engines.sampling import Sampler
 from engines.target import Target
@@ -40,7 +41,7 @@ def test_mtp_greedy_output_is_identical_to_base_on_every_builtin_prompt(models, 
 
 def test_sequential_verify_is_lossless_and_rolls_back_recurrent_state(models):
     model, tok = models["qwen35"]
-    for strategy in ("capture", "replay"):
+    for strategy in ROLLBACK_STRATEGIES:
         eng = MTP(Target(model, rollback=strategy), mtp_cfg(fixtures.fixture_dir("qwen35"), 3, "sequential"))
         for _, ids in list(_units(tok))[:5]:
             assert generate_ids(eng, ids, NEW_TOKENS).tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
@@ -165,12 +166,13 @@ def _chi2(a, b):
 CHI2_999 = {19: 43.82, 20: 45.31, 21: 46.80}  # chi-square quantile at p = 0.001 by degrees of freedom
 
 
-def _naive_accept(draft, logits, sampler, pos):
+def _naive_accept(tokens, q, logits, sampler, pos):
     # Compare-and-accept: keep drafts that equal the target's argmax, else sample p.
     choices = mx.argmax(logits, axis=-1).tolist()
-    n = next((i for i, (x, c) in enumerate(zip(draft.tokens, choices)) if x != c), len(draft.tokens))
+    drafts = tokens.tolist()
+    n = next((i for i, (x, c) in enumerate(zip(drafts, choices)) if x != c), len(drafts))
     p = sampler.probs(logits)
-    return n, sampler.draw(p[n:n + 1], pos + n, 3).item()
+    return mx.array([n, *drafts[:n], sampler.draw(p[n:n + 1], pos + n, 3).item()])
 
 
 def test_mtp_speculative_sampling_matches_base_sampling_and_naive_acceptance_does_not(tmp_path, monkeypatch):

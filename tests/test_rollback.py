@@ -8,7 +8,7 @@ import mlx_lm.models.qwen3_5 as qwen3_5
 import pytest
 from mlx_lm.models.cache import RotatingKVCache
 
-from engines.cache import RollbackError, logical_state, trim_attention
+from engines.cache import ROLLBACK_STRATEGIES, RollbackError, logical_state, trim_attention
 from engines.target import Target
 from tests.conftest import ARCHS
 
@@ -39,7 +39,7 @@ def _scenario(model, strategy, kv, prompt, rounds):
     return t, fresh
 
 
-@pytest.mark.parametrize("strategy", ["capture", "replay"])
+@pytest.mark.parametrize("strategy", list(ROLLBACK_STRATEGIES))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_rollback_restores_every_cache_to_a_fresh_run_over_the_accepted_prefix(models, arch, strategy):
     model, _ = models[arch]
@@ -61,7 +61,7 @@ def test_hybrid_rollback_to_each_position_of_a_block(models, n_keep):
     model, _ = models["qwen35"]
     prompt = list(range(100, 130))
     block = [11, 22, 33, 44, 55]
-    for strategy in ("capture", "replay"):
+    for strategy in ROLLBACK_STRATEGIES:
         t, fresh = _scenario(model, strategy, "native", prompt, [(block, n_keep)])
         assert _max_diff(t, fresh) <= TOL, strategy
         # recurrent state: both the conv window and the DeltaNet state are compared
@@ -103,10 +103,11 @@ def test_trimming_more_than_the_cache_holds_raises(models):
         t.commit(0)
 
 
-def test_capture_leaves_no_patch_behind(models):
+@pytest.mark.parametrize("strategy", ["capture", "recompute"])
+def test_recurrence_hooks_leave_no_patch_behind(models, strategy):
     model, _ = models["qwen35"]
     original = qwen3_5.gated_delta_update
-    t = Target(model, rollback="capture")
+    t = Target(model, rollback=strategy)
     t.prefill([1, 2, 3, 4])
     t.verify([5, 6, 7])
     t.commit(2)
