@@ -11,3 +11,9 @@ from engines.base import Engine, register
 @register("base", "autoregressive", "ar")
 class Autoregressive(Engine):
     drafts = False  # the loop pipelines its steps as mlx-lm's generate_step does
+
+    def verify(self, pending, draft):
+        return self.target.forward(pending)  # one token, never rolled back: no rollback bookkeeping
+
+    def rollback(self, n_accepted, draft):
+        pass

@@ -172,5 +172,6 @@ def _load_builtin() -> None:
     import engines.control  # noqa: F401
     import engines.dflash  # noqa: F401
     import engines.eagle3  # noqa: F401
+    import engines.external  # noqa: F401
     import engines.mtp  # noqa: F401
     import engines.ngram  # noqa: F401

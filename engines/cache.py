@@ -40,7 +40,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from engines.deltanet import RecurrenceHook, recurrence
+from engines.deltanet import RecurrenceHook, kernel_available, recurrence
 from engines.hidden import decoder
 
 ROLLBACK_STRATEGIES = ("capture", "recompute", "replay")
@@ -241,8 +241,9 @@ class Rollback:
         self._pending = None
 
     def plain(self):
-        """Context for a forward that is never rolled back (prefill, decode)."""
-        return self.hook("plain") if self.hook else nullcontext()
+        """Context for a forward that is never rolled back (prefill, decode): the fused
+        recurrence where this backend has one, else mlx-lm's own path untouched."""
+        return self.hook("plain") if self.hook and kernel_available() else nullcontext()
 
     @contextmanager
     def verify(self, T: int):
@@ -309,6 +310,20 @@ class Rollback:
         for c in self.attention:
             trim_attention(c, T)
         self.forward(kept)
+
+
+def cache_nbytes(caches: list) -> int:
+    """Bytes the caches hold on the device now: K/V buffers (allocated, not just filled),
+    quantized parts, recurrent states."""
+    from mlx.utils import tree_flatten
+
+    total = 0
+    for c in caches:
+        for name in ("keys", "values", "cache"):
+            part = getattr(c, name, None)
+            if part is not None and not callable(part):
+                total += sum(a.nbytes for _, a in tree_flatten(part) if isinstance(a, mx.array))
+    return total
 
 
 def logical_state(c) -> list[mx.array]:

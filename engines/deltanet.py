@@ -91,6 +91,11 @@ def kernel_applies(q: mx.array, g: mx.array, mask) -> bool:
             and q.shape[-1] % 32 == 0)
 
 
+def kernel_available() -> bool:
+    """Whether this process runs the fused CUDA recurrence (anywhere else, mlx-lm's own code runs)."""
+    return _KERNELS is not None and mx.default_device() == mx.gpu
+
+
 def backend_path() -> str:
     """Which recurrence runs on the current device, for the record."""
     if mx.default_device() == mx.gpu and _KERNELS is not None:

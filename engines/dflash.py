@@ -52,6 +52,7 @@ class DFlashConfig:
     target_layer_ids: tuple[int, ...]
     mask_token_id: int
     num_target_layers: int | None = None
+    vocab_size: int | None = None
     rope_scaling: dict | None = None
     layer_types: tuple[str, ...] = ()
     sliding_window: int | None = None
@@ -73,13 +74,15 @@ class DFlashConfig:
             raise DrafterError(f"{where}: sliding_attention layers need sliding_window")
         return cls(**{k: cfg[k] for k in cls.REQUIRED}, target_layer_ids=tuple(dflash["target_layer_ids"]),
                    mask_token_id=int(dflash["mask_token_id"]), num_target_layers=cfg.get("num_target_layers"),
+                   vocab_size=cfg.get("vocab_size"),
                    rope_scaling=cfg.get("rope_scaling"), layer_types=layer_types,
                    sliding_window=cfg.get("sliding_window"))
 
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in self.REQUIRED}
         out.update({"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-                    "num_target_layers": self.num_target_layers, "layer_types": list(self.layer_types),
+                    "num_target_layers": self.num_target_layers, "vocab_size": self.vocab_size,
+                    "layer_types": list(self.layer_types),
                     "dflash_config": {"target_layer_ids": list(self.target_layer_ids),
                                       "mask_token_id": self.mask_token_id}})
         if self.sliding_window:
@@ -256,6 +259,9 @@ class DFlash(Engine):
         tokens, q = self.sampler.propose(logits, len(history) - self.prompt_len)  # [K] on the device
         self.prof.mark("drafter_argmax", tokens)
         return Draft(tokens, q)
+
+    def caches(self):
+        return [*super().caches(), *getattr(self, "dcache", [])]
 
     def rollback(self, n_accepted, draft):
         # [1, n+1, n*H] of the kept positions, read before a replay commit re-runs the target

@@ -364,7 +364,7 @@ class Eagle3(Engine):
             self.features.append(self.verified_features[:, : n_accepted + 1])
 
     def caches(self):
-        return [*super().caches(), self.cache]
+        return [*super().caches(), *([self.cache] if hasattr(self, "cache") else [])]
 
     def describe(self):
         c = self.drafter.config

@@ -176,7 +176,7 @@ class MTP(Engine):
         self.hidden.append(self._normed(kept))
 
     def caches(self):
-        return [*super().caches(), self.cache]
+        return [*super().caches(), *([self.cache] if hasattr(self, "cache") else [])]
 
     def describe(self):
         return {**super().describe(), "k": self.k}

@@ -19,9 +19,9 @@ PREFILL_CHUNK = 2048
 
 
 def as_ids(tokens) -> mx.array:
-    """[T] int32 ids from a list of ints or an array (arrays stay lazy)."""
+    """[T] integer ids from a list of ints (int32) or an array (passed as it is: lazy, no cast op)."""
     if isinstance(tokens, mx.array):
-        return tokens if tokens.dtype == mx.int32 else tokens.astype(mx.int32)
+        return tokens
     return mx.array(tokens, dtype=mx.int32)
 
 

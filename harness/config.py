@@ -16,7 +16,7 @@ from omegaconf import MISSING
 
 DTYPES = ("float32", "float16", "bfloat16", "native")
 KV_DTYPES = ("native", "float16", "bfloat16", "q8", "q4")
-ROLLBACKS = ("capture", "replay")
+ROLLBACKS = ("auto", "capture", "recompute", "replay")
 
 
 class ConfigError(ValueError):
@@ -32,7 +32,7 @@ class ArchConfig:
 
 @dataclass
 class MethodConfig:
-    name: str = MISSING  # a registered engine: base, ngram, control, dflash_a, dflash_c
+    name: str = MISSING  # a registered engine: base, ngram, control, dflash_a, dflash_c, mtp, eagle3, mlx_lm, dflash_zlab
     block_size: Optional[int] = None  # tokens verified per round = K drafts + 1; base ignores it;
     #                                   dflash: null = the drafter's own block_size
     drafter: Optional[str] = None  # dflash: drafter dir or fixture:<name>; null = the fixture arch's own;
@@ -88,7 +88,7 @@ class Config:
     method: MethodConfig = MISSING
     bench: BenchConfig = field(default_factory=BenchConfig)
     kv: KVConfig = field(default_factory=KVConfig)
-    rollback: str = "capture"  # recurrent-state rollback: capture | replay (engines/cache.py)
+    rollback: str = "auto"  # recurrent-state rollback: auto (fastest measured) | capture | recompute | replay
     reference: str = "base"  # the arm every method run is paired with (e.g. dflash_c to time dflash_a against it)
     out_dir: str = "results/default"
     force: bool = False  # re-run cells whose record already exists
@@ -175,11 +175,20 @@ def resolve_drafter(cfg, kind: str) -> str:
         from harness.models import resolve_model
 
         return str(resolve_model(cfg.arch.model))  # MTP weights live in the target checkpoint itself
+    if spec is None and cfg.arch.model.startswith("scale:") and kind == "dflash":
+        spec = cfg.arch.model  # the preset's random drafter, built beside it
     if spec is None:
         if not cfg.arch.model.startswith("fixture:"):
             raise ConfigError(f"method.drafter is required for {cfg.method.name} on {cfg.arch.model}: pass "
                               f"method.drafter=<{kind} drafter dir> (a local checkpoint in its own layout)")
         spec = "fixture:" + cfg.arch.model.split(":", 1)[1]
+    if spec.startswith("scale:"):
+        from harness import scale
+        from harness.models import resolve_model
+
+        if kind != "dflash":
+            raise ConfigError(f"method.drafter={spec}: scale presets come with a DFlash drafter only")
+        return str(scale.dflash_dir(resolve_model(spec)))
     if spec.startswith("fixture:"):
         try:
             return str(fixtures.drafter_dir(kind, spec.split(":", 1)[1]))

@@ -82,7 +82,8 @@ FIXTURES: dict[str, dict] = {
 MASK_TOKEN_ID = SPECIAL_TOKENS.index("<|mask|>")
 DFLASH = {name: {"architectures": ["DFlashDraftModel"], "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                  "head_dim": 32, "intermediate_size": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-                 "max_position_embeddings": 4096, "block_size": 8, "num_target_layers": FIXTURES[name]["num_hidden_layers"],
+                 "max_position_embeddings": 4096, "block_size": 8, "vocab_size": VOCAB_SIZE,
+                 "num_target_layers": FIXTURES[name]["num_hidden_layers"],
                  "dflash_config": {"target_layer_ids": [1, 3], "mask_token_id": MASK_TOKEN_ID}}
           for name in FIXTURES}
 

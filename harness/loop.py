@@ -65,8 +65,11 @@ def generate(engine: Engine, prompt: list[int], max_new_tokens: int, sampler: Sa
     prof = Profiler() if profile else None
     engine.prof = prof or NullProfiler()
     engine.sampler = sampler  # drafters that sample their drafts draw from its keyed streams
+    if getattr(engine, "external", False):  # a reference implementation runs its own loop
+        yield from engine.generate(prompt, max_new_tokens, sampler, stop_tokens)
+        return
     t0 = time.perf_counter()
-    first = sampler.choose(engine.prefill(prompt)[None], 0).astype(mx.int32)  # [1]
+    first = sampler.choose(engine.prefill(prompt)[None], 0)  # [1]
     if not engine.drafts and not profile:
         yield from _pipelined(engine, first, t0, max_new_tokens, sampler, stop_tokens)
         return
@@ -95,7 +98,7 @@ def _pipelined(engine: Engine, token: mx.array, t0: float, max_new_tokens: int, 
     empty = Draft()
 
     def step(tok: mx.array, pos: int) -> mx.array:
-        nxt = sampler.choose(engine.verify(tok, empty), pos).astype(mx.int32)  # [1]
+        nxt = sampler.choose(engine.verify(tok, empty), pos)  # [1]
         engine.rollback(0, empty)
         mx.async_eval(nxt)
         return nxt
@@ -127,6 +130,8 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
     assert reach <= budget - 1, f"{engine.name} drafted {reach} deep with {budget - 1} tokens left"
     if prof:
         prof.mark("draft", draft.tokens, draft.q)
+    elif draft.k:
+        mx.async_eval(draft.tokens)  # the drafter runs while the verify graph is built
     logits = engine.verify(mx.array([history[-1]], dtype=mx.int32), draft)  # [K+1, V]
     if prof:
         prof.mark("verify", logits)

@@ -1,12 +1,17 @@
 """Measuring one cell: the method arm and the base arm, interleaved prompt by prompt.
 
 Protocol per cell:
-1. warm-up: `warmup` untimed generations of each arm on the first prompt (first
-   calls compile kernels);
-2. calibration: on the first prompt's context, the target's cost of one decode
+1. calibration: on the first prompt's context, the target's cost of one decode
    step and of one verify over K+1 tokens (median of a few), for the speedup model;
+   on hybrid targets the cost of each recurrent rollback strategy (rollback=auto
+   takes the fastest); the verify cost at a 4x longer context;
+2. warm-up: `warmup` untimed generations of each arm on the first prompt (first
+   calls compile kernels), after the calibration so nothing it disturbed (new shapes,
+   a grown allocator) is paid inside a timed run;
 3. per prompt, `reps` timed generations alternating method, base, method, base...
    (optional cool-down between reps), so every ratio comes from runs side by side;
+   each records its arm's peak device memory and cache bytes, and a rep slower than
+   a third of its arm's median on that prompt is flagged as an outlier;
 4. with bench.profile, one more generation of each arm with per-phase barriers; they
    feed the phase profile and the speedup model only, never tok/s. The model's unit
    is that profiled base step, measured next to the method's profiled rounds with
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from engines.base import Engine
+from engines.cache import ROLLBACK_STRATEGIES, cache_nbytes
 from engines.sampling import Sampler
 from engines.target import Target
 from harness import stats
@@ -42,6 +48,8 @@ class Generation:
     prefill_s: float
     decode_s: float  # from the first token to the last, including the last round's barrier
     rounds: list[Round] = field(default_factory=list)
+    peak_bytes: int = 0  # peak device memory during the generation (weights included)
+    cache_bytes: int = 0  # bytes held by the arm's caches at its end
 
     @property
     def decode_tokens(self) -> int:
@@ -71,6 +79,7 @@ class Generation:
 
 def run_generation(engine: Engine, ids: list[int], max_new_tokens: int, sampler: Sampler,
                    profile: bool = False, stop_tokens=frozenset()) -> Generation:
+    mx.reset_peak_memory()
     t0 = time.perf_counter()
     gen = Generation([], 0.0, 0.0)
     for ev in generate(engine, ids, max_new_tokens, sampler, profile, stop_tokens):
@@ -81,6 +90,8 @@ def run_generation(engine: Engine, ids: list[int], max_new_tokens: int, sampler:
             gen.tokens += ev.emitted
             gen.rounds.append(ev)
     gen.decode_s = time.perf_counter() - t0 - gen.prefill_s
+    mx.eval(engine.state())  # untimed: work an arm left in flight must not run inside the next arm's timing
+    gen.peak_bytes, gen.cache_bytes = mx.get_peak_memory(), cache_nbytes(engine.caches())
     return gen
 
 
@@ -113,6 +124,37 @@ def divergence_margin(target: Target, ids: list[int], reference: list[int], toke
             "reference_margin": (logits[top1] - logits[top2]).item(), "method_token_rank": rank}
 
 
+def _timed_verify(target: Target, start: tuple, tokens: list[int], n_keep: int | None = None) -> float:
+    # ms of one verify (and commit, when n_keep is given) from the cache at `start`, then back there.
+    t0 = time.perf_counter()
+    logits = target.verify(tokens)
+    if n_keep is not None:
+        target.commit(n_keep)
+    mx.eval(logits, [c.state for c in target.cache])
+    dt = time.perf_counter() - t0
+    target.rewind(start)
+    mx.eval([c.state for c in target.cache])
+    return dt * 1e3
+
+
+def compare_rollbacks(model, kv: str, group_size: int, ids: list[int], block: int, n: int = 5) -> dict:
+    """ms of a verify over `block` tokens plus its rollback, per recurrent rollback strategy,
+    averaged over every accepted count (median of n passes each): which strategy is fastest
+    on this model and backend."""
+    costs = {}
+    for strategy in ROLLBACK_STRATEGIES:
+        target = Target(model, kv=kv, rollback=strategy, kv_group_size=group_size)
+        target.prefill(ids)
+        start = target.mark()
+        pending = ids[-1]
+        keeps = range(1, block + 1)
+        for keep in keeps:
+            _timed_verify(target, start, [pending] * block, keep)  # warm-up of every shape
+        passes = [[_timed_verify(target, start, [pending] * block, keep) for keep in keeps] for _ in range(n)]
+        costs[strategy] = statistics.mean(statistics.median(p[i] for p in passes) for i in range(len(keeps)))
+    return {"block": block, "verify_and_rollback_ms": costs, "fastest": min(costs, key=costs.get)}
+
+
 def calibrate(target: Target, ids: list[int], block: int, n: int = 7) -> dict:
     """Target cost of a verify over 1..block tokens at this context (ms, medians of n).
 
@@ -123,19 +165,10 @@ def calibrate(target: Target, ids: list[int], block: int, n: int = 7) -> dict:
     mx.eval([c.state for c in target.cache])
     start = target.mark()
     pending = ids[-1]
-
-    def once(tokens):
-        t0 = time.perf_counter()
-        mx.eval(target.verify(tokens), [c.state for c in target.cache])
-        dt = time.perf_counter() - t0
-        target.rewind(start)
-        mx.eval([c.state for c in target.cache])
-        return dt * 1e3
-
     sizes = range(1, block + 1)
     for t in sizes:
-        once([pending] * t)  # warm-up for this shape
-    passes = [[once([pending] * t) for t in sizes] for _ in range(n)]
+        _timed_verify(target, start, [pending] * t)  # warm-up for this shape
+    passes = [[_timed_verify(target, start, [pending] * t) for t in sizes] for _ in range(n)]
     verify = {t: statistics.median(p[i] for p in passes) for i, t in enumerate(sizes)}
     return {"context": len(ids), "block": block, "decode_ms": verify[1], "verify_ms": verify[block],
             "verify_ms_by_tokens": {str(t): ms for t, ms in verify.items()},
@@ -178,6 +211,10 @@ class Arms:
     #                      the method is the reference itself
     block: int = 1  # tokens the method verifies per full round (K + 1)
     reference_is_base: bool = True  # False when paired against another method (the model's unit is base)
+    rollback_auto: bool = False  # rollback=auto: switch both arms to the fastest measured strategy
+
+    def engines(self) -> list[Engine]:
+        return [self.method] + ([self.base] if self.base else [])
 
 
 def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=None) -> dict:
@@ -192,15 +229,13 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
     for u, (prompt, turn) in enumerate(units):
         ids = encode_turn(tokenizer, prompt, turn, answers.get(prompt.id, []), bench.chat_template)
         run = lambda eng, profile=False: run_generation(eng, ids, bench.max_new_tokens, sampler, profile, stop)
+        if u == 0:
+            calibration = _calibrate_cell(arms, ids, sampler)
         if u == 0 or warm_every:
             for _ in range(bench.warmup):
                 run(arms.method)
                 if arms.base:
                     run(arms.base)
-        if u == 0:
-            calibration = calibrate(arms.method.target, ids, arms.block)
-            if arms.block > 1:
-                calibration["context_scaling"] = context_scaling(arms.method, ids, sampler)
         gm, gb = [], []
         for r in range(bench.reps):
             if r and bench.cooldown_s:
@@ -223,10 +258,27 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
         if progress:
             progress(u + 1, len(units))
     summary = _summary(items, reps_m, reps_b if arms.base else None)
+    summary["verify_cost_ratio"] = calibration["verify_cost_ratio"]  # verify of a full block / one decode step
     summary["model"] = speedup_model(items, summary, calibration, arms.block,
                                      getattr(arms.method, "incremental_verify", True),
                                      getattr(arms.method, "verifies_full_block", False))
     return {"prompts": items, "calibration": calibration, "summary": summary}
+
+
+def _calibrate_cell(arms: Arms, ids: list[int], sampler: Sampler) -> dict:
+    target = arms.method.target
+    rollbacks = None
+    if target.layout.recurrent and arms.block > 1:
+        rollbacks = compare_rollbacks(target.model, target.kv, target.kv_group_size, ids, arms.block)
+        if arms.rollback_auto:
+            for eng in arms.engines():
+                eng.target.set_strategy(rollbacks["fastest"])
+    calibration = calibrate(target, ids, arms.block)
+    if rollbacks:
+        calibration["rollback"] = rollbacks
+    if arms.block > 1 and not getattr(arms.method, "external", False):
+        calibration["context_scaling"] = context_scaling(arms.method, ids, sampler)
+    return calibration
 
 
 def warmup_every_prompt(bench) -> bool:
@@ -244,14 +296,22 @@ def _prompt_item(prompt: Prompt, turn: int, ids, gm: list[Generation], gb: list[
     item = {"id": prompt.id, "category": prompt.category, "turn": turn, "prompt_tokens": len(ids),
             "tokens": g.tokens, "n_tokens": len(g.tokens),
             "deterministic": all(x.tokens == g.tokens for x in gm[1:] + ([prof] if prof else [])),
-            "prefill_s": [x.prefill_s for x in gm], "decode_s": [x.decode_s for x in gm],
-            "decode_tps": [x.decode_tps for x in gm],
-            **g.acceptance(), **divergence(g.tokens, ref),
+            **_timings(gm), **g.acceptance(), **divergence(g.tokens, ref),
             "rounds_detail": _round_table(prof or g)}
     if gb:
-        item["base"] = {"prefill_s": [x.prefill_s for x in gb], "decode_s": [x.decode_s for x in gb],
-                        "decode_tps": [x.decode_tps for x in gb]}
+        item["base"] = _timings(gb)
     return item
+
+
+OUTLIER_FACTOR = 3.0  # a rep slower than median / this is flagged, never silently averaged
+
+
+def _timings(gens: list[Generation]) -> dict:
+    tps = [x.decode_tps for x in gens]
+    median = statistics.median(tps)
+    return {"prefill_s": [x.prefill_s for x in gens], "decode_s": [x.decode_s for x in gens], "decode_tps": tps,
+            "outlier_reps": [r for r, t in enumerate(tps) if t < median / OUTLIER_FACTOR],
+            "peak_memory_bytes": max(x.peak_bytes for x in gens), "cache_bytes": gens[0].cache_bytes}
 
 
 def _tps(gens: list[Generation]) -> float:
@@ -279,6 +339,12 @@ def _summary(items: list[dict], reps_m: list[list[Generation]], reps_b: list[lis
     out["nondeterministic_prompts"] = sum(not i["deterministic"] for i in items)
     trees = [i["tree_size_mean"] for i in items if i.get("tree_size_mean")]
     out["tree_size_mean"] = statistics.mean(trees) if trees else None
+    out["outlier_reps"] = sum(len(i["outlier_reps"]) + len(i.get("base", {}).get("outlier_reps", [])) for i in items)
+    out["peak_memory_bytes"] = max(i["peak_memory_bytes"] for i in items)
+    out["cache_bytes"] = max(i["cache_bytes"] for i in items)
+    if reps_b:
+        out["base_peak_memory_bytes"] = max(i["base"]["peak_memory_bytes"] for i in items)
+        out["base_cache_bytes"] = max(i["base"]["cache_bytes"] for i in items)
     if reps_b:
         tps_b = [_tps(gens) for gens in reps_b]
         paired = stats.Paired(tps_m, tps_b).summary()

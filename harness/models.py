@@ -1,7 +1,8 @@
 """Resolving and loading target checkpoints, offline, through `mlx_lm.load`.
 
-`arch.model` is either `fixture:<name>` (built on first use, see harness/fixtures.py)
-or a local directory: a checkpoint dir with config.json + *.safetensors + tokenizer
+`arch.model` is either `fixture:<name>` (built on first use, see harness/fixtures.py),
+`scale:<preset>` (a random ~1B checkpoint built on first use, harness/scale.py), or a
+local directory: a checkpoint dir with config.json + *.safetensors + tokenizer
 files, or a Hugging Face cache repo dir (models--org--name), whose newest snapshot
 is used. Nothing is fetched from a hub: a missing path is an error, never a download.
 """
@@ -27,6 +28,13 @@ def resolve_model(spec: str) -> Path:
             raise ConfigError(f"unknown fixture {name!r} in arch.model; available: "
                               f"{', '.join('fixture:' + n for n in fixtures.fixture_names())}")
         return fixtures.fixture_dir(name)
+    if spec.startswith("scale:"):
+        from harness import scale
+
+        try:
+            return scale.checkpoint_dir(spec.split(":", 1)[1])
+        except KeyError as e:
+            raise ConfigError(f"arch.model={spec}: {e.args[0]}") from None
     path = Path(spec).expanduser()
     fix = "set arch.model to a local checkpoint directory (config.json, *.safetensors, tokenizer files)"
     if not path.exists():

@@ -71,7 +71,7 @@ def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
                            "dtype": model_dtype(model)}
         _check_supported(model, cfg, record["env"])
         record["ceiling"] = decode_ceiling(model)
-        arms = _build_arms(model, cfg)
+        arms = _build_arms(model, tokenizer, cfg)
         record["engine"] = arms.method.describe()
         record["cache"] = vars(arms.method.target.layout)
         started = time.perf_counter()
@@ -102,10 +102,16 @@ def decode_ceiling(model) -> dict:
             "probe": f"{STREAM_PROBE} in {w['dtype']}", "tps": gbs * 1e9 / w["bytes"]}
 
 
-def _build_arms(model, cfg) -> Arms:
+def _build_arms(model, tokenizer, cfg) -> Arms:
+    auto = cfg.rollback == "auto"
+    strategy = "capture" if auto else cfg.rollback  # auto: switched to the measured fastest before timing
+
     def engine(name, method_cfg):
-        target = Target(model, kv=cfg.kv.name, rollback=cfg.rollback, kv_group_size=cfg.kv.group_size)
-        return get_engine(name)(target, method_cfg)
+        target = Target(model, kv=cfg.kv.name, rollback=strategy, kv_group_size=cfg.kv.group_size)
+        eng = get_engine(name)(target, method_cfg)
+        if getattr(eng, "external", False):
+            eng.tokenizer = tokenizer  # reference APIs take one (for stop tokens); ids still go in and out
+        return eng
 
     try:
         method = engine(cfg.method.name, _method_cfg(cfg, cfg.method.name))
@@ -114,7 +120,7 @@ def _build_arms(model, cfg) -> Arms:
     block = getattr(method, "block", None) or (cfg.method.block_size if "block_size" in method.knobs else 1)
     ref_name = get_engine(cfg.reference).name
     reference = None if method.name == ref_name else engine(cfg.reference, _method_cfg(cfg, cfg.reference))
-    return Arms(method, reference, block, reference_is_base=ref_name == "base")
+    return Arms(method, reference, block, reference_is_base=ref_name == "base", rollback_auto=auto)
 
 
 def _method_cfg(cfg, name: str):

@@ -2,13 +2,17 @@
 
 `python -m harness.scale <preset> <dir>` writes a checkpoint directory (config.json,
 bf16 model.safetensors, the fixture tokenizer) for an mlx-lm architecture at about
-1B parameters. Its outputs are meaningless, so acceptance is near zero, but the cost
-of a decode step, of verifying K+1 tokens, and of rolling back are those of a model
-that size: use it with `method=control` (or any method) to measure verify cost curves
-on a machine where no real checkpoint is at hand, e.g.
+1B parameters, and beside it `<dir>-dflash`, a random 2-layer DFlash drafter for it
+(z-lab layout, block 8). Outputs are meaningless, so acceptance is near zero (tau 1.0):
+what such a pair measures is pure cost -- a decode step, a verify of K+1 tokens, a
+rollback, a drafting round -- at the size of a real model, on a machine where no real
+checkpoint is at hand, e.g.
 
     python -m harness.scale qwen35-1b /tmp/qwen35-1b
     python -m harness arch=qwen35 arch.model=/tmp/qwen35-1b arch.dtype=native method=control method.block_size=16
+
+`arch.model=scale:<preset>` (and `method.drafter=scale:<preset>`) builds them on first
+use under SPEC_HARNESS_HOME, as the fixtures are; conf/gate/gpu.yaml runs on those.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ PRESETS = {
 
 
 def build(preset: str, dest: Path) -> None:
+    """The target checkpoint of `preset` in `dest`, and its random DFlash drafter in `<dest>-dflash`."""
     import mlx.core as mx
     from mlx_lm.utils import save_config, save_model
 
@@ -48,6 +53,51 @@ def build(preset: str, dest: Path) -> None:
     fixtures.write_tokenizer(dest)  # ids < 1024 only: a subset of the model's vocabulary
     save_model(dest, model)
     save_config(dict(spec), dest / "config.json")
+    build_dflash(preset, dflash_dir(dest))
+
+
+def dflash_dir(target_dir: Path) -> Path:
+    return target_dir.with_name(target_dir.name + "-dflash")
+
+
+def dflash_spec(preset: str) -> dict:
+    """A 2-layer DFlash drafter shaped for `preset` (z-lab layout, block 8)."""
+    spec = PRESETS[preset]
+    n = spec["num_hidden_layers"]
+    return {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": spec["hidden_size"],
+            "num_hidden_layers": 2, "num_attention_heads": spec["num_attention_heads"],
+            "num_key_value_heads": spec["num_key_value_heads"], "head_dim": spec["head_dim"],
+            "intermediate_size": spec["intermediate_size"], "rms_norm_eps": spec["rms_norm_eps"],
+            "rope_theta": 10000000.0, "max_position_embeddings": spec["max_position_embeddings"],
+            "vocab_size": spec["vocab_size"], "num_target_layers": n, "block_size": 8,
+            "dflash_config": {"target_layer_ids": [1, n // 2, n - 2], "mask_token_id": fixtures.MASK_TOKEN_ID}}
+
+
+def build_dflash(preset: str, dest: Path) -> None:
+    import mlx.core as mx
+
+    from engines.dflash import DFlashConfig, DFlashDrafter, save_drafter
+
+    mx.random.seed(fixtures.SEED + 1)
+    spec = dflash_spec(preset)
+    save_drafter(DFlashDrafter(DFlashConfig.from_json(spec, f"dflash_spec({preset})")), dest)
+
+
+def checkpoint_dir(preset: str) -> Path:
+    """`scale:<preset>`: the checkpoint built on first use under SPEC_HARNESS_HOME (2 GB each)."""
+    if preset not in PRESETS:
+        raise KeyError(f"unknown scale preset {preset!r}; available: {', '.join(sorted(PRESETS))}")
+    dest = fixtures.home() / "scale" / preset
+    if not (dest / "config.json").exists() or not (dflash_dir(dest) / "config.json").exists():
+        tmp = dest.with_name(f".{preset}.building")
+        build(preset, tmp)
+        for d, final in ((dflash_dir(tmp), dflash_dir(dest)), (tmp, dest)):
+            if final.exists():
+                import shutil
+
+                shutil.rmtree(final)
+            d.rename(final)
+    return dest
 
 
 def main(args: list[str]) -> int:

@@ -45,7 +45,7 @@ def test_invalid_values_are_rejected_with_the_valid_ones(overrides, message):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["method=nope"], "available: base, control, dflash_a, dflash_c, eagle3, mtp, ngram"),
+    (["method=nope"], "available: base, control, dflash_a, dflash_c, dflash_zlab, eagle3, mlx_lm, mtp, ngram"),
     (["method=base,nope"], "unknown method 'nope'"),
     (["bench.reps_typo=2"], "bench has: suite"),
     (["+sweep=nope"], "available: gemma4, llama, qwen35"),

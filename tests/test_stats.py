@@ -115,8 +115,10 @@ def _gen(tps: float, n_tokens: int = 11) -> Generation:
 def test_cell_summary_from_generations_matches_hand_computation():
     reps_m = [[_gen(m)] for m in METHOD]
     reps_b = [[_gen(b)] for b in BASE]
+    timing = {"outlier_reps": [], "peak_memory_bytes": 3, "cache_bytes": 2}
     items = [{"n_tokens": 11, "rounds": 5, "drafted": 5, "accepted": 5, "proposed_at": [5], "accepted_at": [5],
-              "first_divergence": None, "matched_fraction": 1.0, "deterministic": True}]
+              "first_divergence": None, "matched_fraction": 1.0, "deterministic": True, **timing,
+              "base": {**timing, "outlier_reps": [1], "peak_memory_bytes": 4}}]
     s = _summary(items, reps_m, reps_b)
     assert s["decode_tps_reps"] == pytest.approx(METHOD)
     assert s["base_decode_tps_reps"] == pytest.approx(BASE)
@@ -124,3 +126,4 @@ def test_cell_summary_from_generations_matches_hand_computation():
     assert s["speedup_ci_low"] == pytest.approx(0.7085, abs=1e-3)
     assert s["tau"] == pytest.approx(2.0) and s["acceptance_rate"] == 1.0
     assert s["per_position_acceptance"] == [1.0]
+    assert s["outlier_reps"] == 1 and s["peak_memory_bytes"] == 3 and s["base_peak_memory_bytes"] == 4

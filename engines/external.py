@@ -1,0 +1,187 @@
+"""Reference implementations, run as arms of a cell beside the harness's own engines.
+
+A speedup is only as honest as its baseline, so the implementations users already
+run are measured in the same cell, on the same prompt ids, timed the same way (tokens
+after the first over the time after the first token):
+
+- `mlx_lm`: mlx-lm's `generate_step`, the loop behind `mlx_lm.generate`. Pair any method
+  with it (`reference=mlx_lm`), or `method=base reference=mlx_lm` for the harness's own
+  overhead against it.
+- `dflash_zlab`: z-lab's DFlash reference (`dflash` on PyPI, `dflash.model_mlx`), on the
+  same target and drafter directories: `method=dflash_a reference=dflash_zlab`.
+
+They generate on their own, so they are not driven round by round: `generate` yields the
+same Prefill/Round events the loop yields for the harness's engines, one Round per token
+(mlx-lm) or per verify (z-lab). They never profile. The tokenizer is passed only because
+these APIs ask for one (stop tokens, detokenizing); ids go in and come out.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import mlx.core as mx
+
+from engines.base import Engine, Unsupported, register
+from engines.hidden import decoder
+
+ANCHORS_INSTALL = "pip install -e '.[anchors]'"
+
+
+class External(Engine):
+    """An arm whose generation loop belongs to someone else (see the module docstring)."""
+
+    drafts = False
+    external = True
+    tokenizer = None  # an mlx-lm TokenizerWrapper, set by whoever builds the arm
+
+    def generate(self, prompt: list[int], max_new_tokens: int, sampler, stop_tokens: frozenset[int]) -> Iterator:
+        raise NotImplementedError
+
+    def caches(self) -> list:
+        return list(getattr(self, "_caches", []))
+
+
+def _events(responses, t0: float):
+    """(Prefill, Round...) from an iterator of (tokens emitted, tokens drafted) per step."""
+    from harness.loop import Prefill, Round
+
+    last = None
+    for emitted, drafted in responses:
+        now = time.perf_counter()
+        if last is None:
+            yield Prefill(emitted[0], now - t0)
+        else:
+            yield Round(drafted, len(emitted) - 1, list(emitted), now - last, None)
+        last = now
+
+
+@register("mlx_lm", "mlx-lm")
+class MlxLm(External):
+    """mlx-lm's generate_step with the cell's sampler, prompt ids and KV quantization."""
+
+    def __init__(self, target, cfg):
+        super().__init__(target, cfg)
+        if target.kv in ("float16", "bfloat16"):
+            raise Unsupported(f"mlx-lm has no {target.kv} KV storage option; pair mlx_lm with kv=native, q8 or q4")
+
+    def generate(self, prompt, max_new_tokens, sampler, stop_tokens):
+        from mlx_lm.generate import generate_step
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self._caches = make_prompt_cache(self.target.model)
+        quantized = {"kv_bits": int(self.target.kv[1:]), "kv_group_size": self.target.kv_group_size,
+                     "quantized_kv_start": 0} if self.target.kv in ("q8", "q4") else {}
+        pos = itertools.count()  # its sampler is called once per output position, in order (and once past the end)
+        pick = lambda logprobs: sampler.choose(logprobs, next(pos))
+        t0 = time.perf_counter()
+        steps = generate_step(mx.array(prompt), self.target.model, max_tokens=max_new_tokens, sampler=pick,
+                              prompt_cache=self._caches, **quantized)
+
+        def tokens():
+            for tok, _ in steps:
+                yield [tok], 0
+                if tok in stop_tokens:
+                    return
+
+        yield from _events(tokens(), t0)
+
+    def describe(self):
+        from importlib.metadata import version
+
+        return {"implementation": "mlx_lm.generate.generate_step", "version": version("mlx-lm"),
+                "cache_types": sorted({type(c).__name__ for c in self.target.cache})}
+
+
+@register("dflash_zlab", "zlab")
+class DFlashZlab(External):
+    """z-lab's MLX DFlash `stream_generate`, on the cell's target and drafter directories."""
+
+    knobs = ("block_size", "drafter")
+    drafter_kind = "dflash"
+
+    def __init__(self, target, cfg):
+        super().__init__(target, cfg)
+        try:
+            import dflash.model_mlx as zlab
+        except ImportError:
+            raise Unsupported(f"z-lab's dflash reference is not installed: {ANCHORS_INSTALL}") from None
+        if target.kv != "native":
+            raise Unsupported("z-lab's dflash reference has no KV dtype option; pair it with kv=native")
+        self.zlab = zlab
+        self.drafter = _load_zlab_drafter(zlab, Path(cfg.drafter))
+        self.block = cfg.block_size or int(self.drafter.config.block_size)
+
+    def generate(self, prompt, max_new_tokens, sampler, stop_tokens):
+        tokenizer = copy.copy(self.tokenizer)
+        tokenizer.eos_token_ids = stop_tokens  # generations run to max_new_tokens like every other arm
+        t0 = time.perf_counter()
+        with _restore_layers(self.target.model), self._recording_caches():
+            responses = self.zlab.stream_generate(self.target.model, self.drafter, tokenizer, mx.array(prompt),
+                                                  block_size=self.block, max_tokens=max_new_tokens,
+                                                  temperature=sampler.temperature)
+            yield from _events(self._rounds(responses, max_new_tokens), t0)
+
+    def _rounds(self, responses, max_new_tokens):
+        n = 0
+        for r in responses:
+            if not r.tokens:
+                continue  # the closing response carries no tokens
+            drafted = min(self.block, max_new_tokens - n + 1) - 1 if n else 0  # the block it verified
+            n += len(r.tokens)
+            yield r.tokens, drafted
+
+    @contextmanager
+    def _recording_caches(self):
+        # Its caches are local to stream_generate: keep the ones it makes, for the memory record.
+        original = self.zlab.make_prompt_cache
+        self._caches = []
+
+        def make(model, *args, **kw):
+            out = original(model, *args, **kw)
+            self._caches += out
+            return out
+
+        self.zlab.make_prompt_cache = make
+        try:
+            yield
+        finally:
+            self.zlab.make_prompt_cache = original
+
+    def describe(self):
+        from importlib.metadata import version
+
+        c = self.drafter.config
+        return {"implementation": "dflash.model_mlx.stream_generate", "version": version("dflash"),
+                "block_size": self.block, "drafter_layers": c.num_hidden_layers,
+                "target_layer_ids": list(c.target_layer_ids)}
+
+
+def _load_zlab_drafter(zlab, path: Path):
+    # Its loader resolves a hub id through snapshot_download; hand it the local directory instead.
+    original = zlab.snapshot_download
+    zlab.snapshot_download = lambda repo_id, **kw: str(repo_id)
+    try:
+        return zlab.load_draft(str(path))
+    finally:
+        zlab.snapshot_download = original
+
+
+@contextmanager
+def _restore_layers(model):
+    """stream_generate wraps the target's layers in hooks for good (and marks the model with
+    `_hidden_states`); put the originals back so no other arm runs through them."""
+    layers = decoder(model).layers
+    originals = list(layers)
+    try:
+        yield
+    finally:
+        layers[:] = originals
+        if "_hidden_states" in model:  # mlx Modules keep list attributes as dict entries
+            del model["_hidden_states"]
+        model.__dict__.pop("_hidden_states", None)
