@@ -6,7 +6,7 @@ round at a time and does acceptance there, for every engine the same way.
 
 One round, as the loop runs it:
 
-    draft = engine.draft(history, max_tokens)        # propose up to max_tokens ids (device)
+    draft = engine.draft(history)                    # propose K ids (device)
     logits = engine.verify(pending, draft)           # one target forward over
                                                      #   [pending] + draft.tokens
     outcome = accept(draft, logits, sampler)         # loop-side, shared, on the device
@@ -78,7 +78,9 @@ class Engine:
     Contract (what each call leaves behind):
     - prefill(prompt) -> logits [V] at the last prompt position. The target cache
       (and any drafter state) covers exactly the prompt.
-    - draft(history, max_tokens) -> Draft with at most max_tokens tokens. The
+    - draft(history) -> Draft of the method's full K tokens, every round: the loop
+      cuts the emitted tokens at the generation's budget, so the last rounds keep
+      the shapes of all others (new shapes recompile kernels on GPU backends). The
       target cache is unchanged; drafter state may advance, as long as rollback()
       can put it back.
     - verify(pending, draft) -> logits [K+1, V] for [pending] + draft.tokens, fed
@@ -101,7 +103,7 @@ class Engine:
     def prefill(self, prompt: list[int]) -> mx.array:
         return self.target.prefill(prompt)
 
-    def draft(self, history: list[int], max_tokens: int) -> Draft:
+    def draft(self, history: list[int]) -> Draft:
         return Draft()
 
     def verify(self, pending: mx.array, draft: Draft) -> mx.array:

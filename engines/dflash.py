@@ -242,10 +242,8 @@ class DFlash(Engine):
         self.dcache = self.drafter.make_cache()
         return logits
 
-    def draft(self, history, max_tokens):
-        k = min(self.block - 1, max_tokens)
-        if k == 0:
-            return Draft()
+    def draft(self, history):
+        k = self.block - 1
         ids = mx.array([[history[-1]] + [self.mask_id] * k], dtype=mx.int32)
         x = embed(self.target.model, ids)  # [1, K+1, H]
         self.prof.mark("embed", x)
@@ -290,9 +288,9 @@ class DFlashC(DFlash):
 
     incremental_verify = False  # the speedup model must take its verify cost from the profile
 
-    def draft(self, history, max_tokens):
+    def draft(self, history):
         self.sequence = history  # prompt + output, pending last
-        return super().draft(history, max_tokens)
+        return super().draft(history)
 
     def verify(self, pending, draft):
         self.target.prefill(self.sequence[:-1])  # the whole prefix, from position 0

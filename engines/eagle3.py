@@ -259,10 +259,8 @@ class Eagle3(Engine):
         e = embed(self.target.model, mx.array([history[start + 1:]], dtype=mx.int32))
         return self.drafter.step(e, self.drafter.fc(feats), self.cache, start)[:, -1:]
 
-    def draft(self, history, max_tokens):
-        depth = min(self.depth, max_tokens)
-        if depth == 0:
-            return Draft()
+    def draft(self, history):
+        depth = self.depth
         root = self._commit_pass(history)
         self.prof.mark("commit_pass", root)
         committed = self.cache.offset

@@ -55,12 +55,13 @@ def activation_dtype(model: nn.Module) -> mx.Dtype:
 class _Hook:
     """Stands in for one decoder layer: calls it and keeps its output hidden state."""
 
-    def __init__(self, layer, slot: int, sink: list):
-        self._layer, self._slot, self._sink = layer, slot, sink
+    def __init__(self, layer, slots: list[int], sink: list):
+        self._layer, self._slots, self._sink = layer, slots, sink
 
     def __call__(self, *args, **kwargs):
         out = self._layer(*args, **kwargs)
-        self._sink[self._slot] = out[0] if isinstance(out, tuple) else out  # gemma4 layers return tuples
+        for slot in self._slots:  # a layer id listed twice fills both of its slots
+            self._sink[slot] = out[0] if isinstance(out, tuple) else out  # gemma4 layers return tuples
         return out
 
     def __getattr__(self, name):  # is_linear, layer_type, ... as the model expects
@@ -74,8 +75,8 @@ def capture_hidden(model: nn.Module, layer_ids: tuple[int, ...]):
     sink: list = [None] * len(layer_ids)
     originals = {lid: layers[lid] for lid in layer_ids}
     try:
-        for slot, lid in enumerate(layer_ids):
-            layers[lid] = _Hook(originals[lid], slot, sink)
+        for lid in originals:
+            layers[lid] = _Hook(originals[lid], [s for s, i in enumerate(layer_ids) if i == lid], sink)
         yield sink
     finally:
         for lid, layer in originals.items():

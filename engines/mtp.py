@@ -146,10 +146,8 @@ class MTP(Engine):
         x = embed(self.target.model, tokens[None])  # [T] ids -> [1, T, H]
         return self.head(x, hidden, self.cache)
 
-    def draft(self, history, max_tokens):
-        k = min(self.k, max_tokens)
-        if k == 0:
-            return Draft()
+    def draft(self, history):
+        k = self.k
         hidden = self.hidden[0] if len(self.hidden) == 1 else mx.concatenate(self.hidden, axis=1)  # [1, n, H]
         self.hidden = []
         start = self.cache.offset  # first position MTP has not seen: pair (h_t, token t+1)

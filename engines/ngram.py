@@ -67,5 +67,5 @@ class Ngram(Engine):
         self.index = NgramIndex(self.min_n, self.max_n)
         return super().prefill(prompt)
 
-    def draft(self, history, max_tokens):
-        return Draft(self.index.propose(history, min(self.k, max_tokens)))
+    def draft(self, history):
+        return Draft(self.index.propose(history, self.k))

@@ -125,9 +125,8 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
     # longest agreeing prefix plus the target's bonus token, read the outcome, roll back.
     if prof:
         prof.start()
-    draft = engine.draft(history, budget - 1)
+    draft = engine.draft(history)  # the full K even near the end: the budget cuts what is emitted
     reach = draft.k if draft.parents is None else max(tree_depths(draft.parents), default=0)
-    assert reach <= budget - 1, f"{engine.name} drafted {reach} deep with {budget - 1} tokens left"
     if prof:
         prof.mark("draft", draft.tokens, draft.q)
     elif draft.k:
@@ -136,7 +135,7 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
     if prof:
         prof.mark("verify", logits)
     if draft.parents is not None:
-        return _tree_round(engine, draft, logits, sampler, pos, prof, reach)
+        return _tree_round(engine, draft, logits, sampler, pos, prof, reach, budget)
     if draft.q is not None and sampler.temperature > 0 and draft.k:
         outcome = accept_speculative(draft.tokens, draft.q, logits, sampler, pos)
     else:
@@ -148,11 +147,12 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
     engine.rollback(n, draft)
     if prof:
         prof.mark("rollback", engine.state())
-    return Round(draft.k, n, values[1: n + 2], 0.0, prof.times if prof else None)
+    emitted = values[1: min(n + 2, budget + 1)]
+    return Round(draft.k, len(emitted) - 1, emitted, 0.0, prof.times if prof else None)
 
 
 def _tree_round(engine: Engine, draft: Draft, logits, sampler: Sampler, pos: int, prof: Profiler | None,
-                depth: int) -> Round:
+                depth: int, budget: int) -> Round:
     # logits [1 + nodes, V]: accept the longest root-to-node path matching the target's greedy choices.
     assert sampler.temperature == 0, "tree drafts are verified greedily; engines draft chains when sampling"
     both = mx.concatenate([draft.tokens, sampler.choose(logits, pos).astype(mx.int32)]).tolist()  # one read
@@ -164,5 +164,5 @@ def _tree_round(engine: Engine, draft: Draft, logits, sampler: Sampler, pos: int
     engine.rollback(len(path), draft)
     if prof:
         prof.mark("rollback", engine.state())
-    emitted = [*(nodes[i] for i in path), bonus]
-    return Round(depth, len(path), emitted, 0.0, prof.times if prof else None, tree_size=draft.k)
+    emitted = [*(nodes[i] for i in path), bonus][:budget]
+    return Round(depth, len(emitted) - 1, emitted, 0.0, prof.times if prof else None, tree_size=draft.k)

@@ -311,6 +311,8 @@ def _timings(gens: list[Generation]) -> dict:
     median = statistics.median(tps)
     return {"prefill_s": [x.prefill_s for x in gens], "decode_s": [x.decode_s for x in gens], "decode_tps": tps,
             "outlier_reps": [r for r, t in enumerate(tps) if t < median / OUTLIER_FACTOR],
+            # the typical round, untouched by rare slow ones (a recompile, a stall): per-round cost side by side
+            "round_ms_median": 1e3 * statistics.median([r.seconds for x in gens for r in x.rounds] or [float("nan")]),
             "peak_memory_bytes": max(x.peak_bytes for x in gens), "cache_bytes": gens[0].cache_bytes}
 
 
@@ -340,9 +342,11 @@ def _summary(items: list[dict], reps_m: list[list[Generation]], reps_b: list[lis
     trees = [i["tree_size_mean"] for i in items if i.get("tree_size_mean")]
     out["tree_size_mean"] = statistics.mean(trees) if trees else None
     out["outlier_reps"] = sum(len(i["outlier_reps"]) + len(i.get("base", {}).get("outlier_reps", [])) for i in items)
+    out["round_ms_median"] = statistics.median(i["round_ms_median"] for i in items)
     out["peak_memory_bytes"] = max(i["peak_memory_bytes"] for i in items)
     out["cache_bytes"] = max(i["cache_bytes"] for i in items)
     if reps_b:
+        out["base_round_ms_median"] = statistics.median(i["base"]["round_ms_median"] for i in items)
         out["base_peak_memory_bytes"] = max(i["base"]["peak_memory_bytes"] for i in items)
         out["base_cache_bytes"] = max(i["base"]["cache_bytes"] for i in items)
     if reps_b:

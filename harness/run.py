@@ -72,11 +72,11 @@ def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
         _check_supported(model, cfg, record["env"])
         record["ceiling"] = decode_ceiling(model)
         arms = _build_arms(model, tokenizer, cfg)
-        record["engine"] = arms.method.describe()
         record["cache"] = vars(arms.method.target.layout)
         started = time.perf_counter()
         progress = lambda done, total: log(f"  turn {done}/{total}  {time.perf_counter() - started:.1f}s")
         record.update(measure_cell(arms, tokenizer, prompts, cfg.bench, progress))
+        record["engine"] = arms.method.describe()  # after measuring: rollback=auto has picked its strategy
         record["status"] = "ok"
     except ConfigError:
         raise

@@ -34,6 +34,11 @@ PRESETS = {
                   "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "vocab_size": 32000,
                   "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "max_position_embeddings": 8192,
                   "rope_parameters": {"type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}},
+    # The same layout at toy size, so tests can build and run a preset in seconds.
+    "llama-tiny": {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 4, "intermediate_size": 256,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rope_theta": 500000.0,
+                   "vocab_size": 1024, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+                   "max_position_embeddings": 8192},
 }
 
 
@@ -70,7 +75,7 @@ def dflash_spec(preset: str) -> dict:
             "intermediate_size": spec["intermediate_size"], "rms_norm_eps": spec["rms_norm_eps"],
             "rope_theta": 10000000.0, "max_position_embeddings": spec["max_position_embeddings"],
             "vocab_size": spec["vocab_size"], "num_target_layers": n, "block_size": 8,
-            "dflash_config": {"target_layer_ids": [1, n // 2, n - 2], "mask_token_id": fixtures.MASK_TOKEN_ID}}
+            "dflash_config": {"target_layer_ids": sorted({1, n // 2, n - 2}), "mask_token_id": fixtures.MASK_TOKEN_ID}}
 
 
 def build_dflash(preset: str, dest: Path) -> None:

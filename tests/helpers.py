@@ -23,9 +23,9 @@ class Oracle(Engine):
         self.k, self.continuation, self.prompt_len, self.corrupt = k, continuation, prompt_len, corrupt
         self.rng = random.Random(seed)
 
-    def draft(self, history, max_tokens):
+    def draft(self, history):
         pos = len(history) - self.prompt_len  # tokens generated so far; the next one is continuation[pos]
-        tokens = list(self.continuation[pos: pos + min(self.k, max_tokens)])
+        tokens = list(self.continuation[pos: pos + self.k])
         if self.corrupt and tokens:
             i = self.rng.randrange(len(tokens) + 1)  # == len(tokens): leave this round intact
             if i < len(tokens):

@@ -2,6 +2,7 @@ import hashlib
 import json
 
 import mlx.core as mx
+import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 from mlx_lm.models.switch_layers import SwitchGLU
 
@@ -83,3 +84,20 @@ def test_fixture_weights_are_finite_and_logits_have_clear_margins(models):
         assert mx.isfinite(logits).all().item()
         assert (top2[1] - top2[0]).item() > 1e-4
         assert mx.abs(logits).max().item() < 25
+
+
+def test_scale_presets_build_on_first_use_with_a_random_dflash_drafter(tmp_path, monkeypatch):
+    import json
+
+    from harness.config import ConfigError
+    from harness.models import resolve_model
+    from harness.scale import dflash_dir
+
+    monkeypatch.setenv("SPEC_HARNESS_HOME", str(tmp_path))
+    path = resolve_model("scale:llama-tiny")
+    assert path == tmp_path / "scale" / "llama-tiny" and (path / "model.safetensors").exists()
+    drafter = json.loads((dflash_dir(path) / "config.json").read_text())
+    assert drafter["block_size"] == 8 and drafter["hidden_size"] == 128 and drafter["vocab_size"] == 1024
+    assert resolve_model("scale:llama-tiny") == path  # built once
+    with pytest.raises(ConfigError, match="llama-1b"):
+        resolve_model("scale:nope")

@@ -58,7 +58,7 @@ def test_oracle_drafter_gets_every_draft_accepted(models, arch):
     k = 3
     got = generate_ids(Oracle(Target(model), k, want, len(ids)), ids, NEW_TOKENS)
     assert got.tokens == want
-    full = [r for r in got.rounds if r.drafted == k]
+    full = [r for r in got.rounds[:-1] if r.drafted == k]  # the last round's output is cut at the budget
     assert len(full) >= (NEW_TOKENS - 1) // (k + 1) - 1
     assert all(len(r.emitted) == k + 1 for r in full), "tau must be K+1 on every full round"
     assert got.acceptance()["tau"] > k

@@ -115,7 +115,7 @@ def _gen(tps: float, n_tokens: int = 11) -> Generation:
 def test_cell_summary_from_generations_matches_hand_computation():
     reps_m = [[_gen(m)] for m in METHOD]
     reps_b = [[_gen(b)] for b in BASE]
-    timing = {"outlier_reps": [], "peak_memory_bytes": 3, "cache_bytes": 2}
+    timing = {"outlier_reps": [], "peak_memory_bytes": 3, "cache_bytes": 2, "round_ms_median": 1.5}
     items = [{"n_tokens": 11, "rounds": 5, "drafted": 5, "accepted": 5, "proposed_at": [5], "accepted_at": [5],
               "first_divergence": None, "matched_fraction": 1.0, "deterministic": True, **timing,
               "base": {**timing, "outlier_reps": [1], "peak_memory_bytes": 4}}]
