@@ -8,7 +8,7 @@ import pandas as pd
 
 from report import plots
 from report.frames import accept_hists, cells, profiles, prompts
-from report.tables import arch_tables, divergence_table, model_table, profile_table
+from report.tables import arch_tables, divergence_table, model_table, profile_table, resources_table
 
 
 def _distinct(records, get) -> str:
@@ -44,6 +44,8 @@ def header(root: Path, records) -> str:
         "drafted tokens; by position: share of drafts at position i that were accepted.",
         "- Profiles come from one extra generation per prompt with an mx.eval barrier after every phase; "
         "they never feed tok/s.",
+        "- A reference other than base (`vs mlx_lm`: mlx-lm's generate_step; `vs dflash_zlab`: z-lab's DFlash "
+        "reference) is timed the same way in the same cell: the speedup is then against that implementation.",
         "",
     ])
 
@@ -74,6 +76,13 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
            "when the run includes it: a control that leaves base too means verify numerics, one that keeps "
            "base points at the method.", "",
            divergence_table(pr),
+           "## Memory and round cost", "",
+           "Peak device memory of each arm (reset before each of its generations; the weights are included), "
+           "the bytes its caches hold at the end of a generation (allocated K/V buffers, quantized parts, "
+           "recurrent states; drafter caches included), and the median time of one round (one token for "
+           "base decoding), which rare slow rounds do not move. A rep slower than a third of its arm's median "
+           "on the same prompt is counted as an outlier, never silently averaged.", "",
+           resources_table(df),
            "## Per-round profile (mean ms per round)", "", profile_table(prof),
            "## Speedup model", "",
            "Round cost c = (verify over K+1 tokens + the method's other phases of a round) / one base decode "

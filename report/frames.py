@@ -9,7 +9,7 @@ import pandas as pd
 from harness.measure import phase_means
 from harness.records import iter_records
 
-CELL_COLUMNS = ["arch", "method", "block_size", "kv", "status", "base_decode_tps", "decode_tps", "speedup",
+CELL_COLUMNS = ["arch", "method", "block_size", "kv", "reference", "status", "base_decode_tps", "decode_tps", "speedup",
                 "speedup_ci_low", "speedup_ci_high", "ratio_of_medians", "base_sigma_pct", "decode_sigma_pct",
                 "tau", "acceptance_rate", "per_position_acceptance", "diverged_prompts", "prompts",
                 "earliest_divergence", "matched_fraction", "predicted_speedup", "break_even_acceptance",
@@ -60,7 +60,8 @@ def cells(root: Path, records=None) -> pd.DataFrame:
     rows = []
     for path, rec in records:
         env, summary = rec.get("env", {}), rec.get("summary", {})
-        row = {**_keys(rec, labels), "status": rec.get("status"), "reason": rec.get("reason"),
+        row = {**_keys(rec, labels), "reference": rec["cell"].get("reference") or "base",
+               "status": rec.get("status"), "reason": rec.get("reason"),
                "model_type": rec.get("model", {}).get("model_type"), "dtype": rec.get("model", {}).get("dtype"),
                "rollback": rec.get("engine", {}).get("rollback"), "backend": env.get("backend"),
                "blas_kind": env.get("blas_kind"), "cell_id": rec["cell_id"], "path": str(path)}

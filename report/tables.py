@@ -68,7 +68,12 @@ def ceiling_line(df: pd.DataFrame) -> str:
     if ok.empty:
         return ""
     ceiling, gbs = ok["ceiling_tps"].median(), ok["stream_gbs"].median()
-    share = ok["base_decode_tps"].astype(float) / ok["ceiling_tps"].astype(float)
+    # base decoding's tok/s: the base arm of cells paired with base, and base cells paired with anything
+    base = pd.concat([ok.loc[ok["reference"] == "base", "base_decode_tps"],
+                      ok.loc[ok["method"].str.split().str[0] == "base", "decode_tps"]]).astype(float)
+    if base.empty:
+        return ""
+    share = base / float(ceiling)
     return (f"Weights {ok['weight_bytes'].iloc[0] / 1e6:.2f} MB. Decode ceiling {ceiling:,.0f} tok/s: every weight "
             f"read once per token at {gbs:.2f} GB/s, the rate of a matrix-vector product of that size here "
             f"(KV reads come on top). Base decoding reaches {_span(share, '.0%')} of it; "
@@ -137,4 +142,26 @@ def divergence_table(pr: pd.DataFrame) -> str:
                      "-" if r["method"] == "control" else control.get(key, "not run")])
     headers = ["arch", "method", "block", "kv", "prompt/turn", "first index", "matched",
                "base top1-top2 margin", "method token rank in base", "control (same block, kv)"]
+    return _md(rows, headers) + "\n"
+
+
+def _mb(x) -> str:
+    return "-" if x is None or pd.isna(x) else f"{x / 2**20:,.1f}"
+
+
+def resources_table(df: pd.DataFrame) -> str:
+    """Per cell, each arm's peak device memory, cache bytes at the end of a generation and
+    median round time (robust to rare slow rounds), and the reps flagged as outliers."""
+    sub = df[df["status"] == "ok"]
+    if sub.empty or "peak_memory_bytes" not in sub or sub["peak_memory_bytes"].isna().all():
+        return "_No memory measurements in these records._\n"
+    rows = []
+    for _, r in _order(sub).iterrows():
+        rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"],
+                     f"{_mb(r.get('base_peak_memory_bytes'))} / {_mb(r['peak_memory_bytes'])}",
+                     f"{_mb(r.get('base_cache_bytes'))} / {_mb(r['cache_bytes'])}",
+                     f"{_fmt(r.get('base_round_ms_median'), '.2f')} / {_fmt(r.get('round_ms_median'), '.2f')}",
+                     _fmt(r.get("outlier_reps"), "d")])
+    headers = ["arch", "method", "block", "kv", "peak memory MB (reference / method)",
+               "cache MB at end (reference / method)", "median round ms (reference / method)", "outlier reps"]
     return _md(rows, headers) + "\n"
