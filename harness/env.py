@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import platform
 import statistics
 import subprocess
@@ -78,8 +79,6 @@ def blas_kind(path: str) -> str:
 def git_sha() -> dict:
     """The harness's git commit; SPEC_HARNESS_GIT_SHA stands in where the tree has no .git
     (a copied working tree, e.g. on a remote GPU machine)."""
-    import os
-
     if os.environ.get("SPEC_HARNESS_GIT_SHA"):
         return {"sha": os.environ["SPEC_HARNESS_GIT_SHA"], "dirty": None}
 
@@ -114,6 +113,7 @@ def environment() -> dict:
         "machine": platform.machine(), "processor": _cpu_name(),
         "device": str(device), "device_name": info.get("device_name"), "backend": backend, "device_info": info,
         "blas": blas, "blas_kind": blas_kind(blas) if blas else backend,
+        "mlx_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MLX_")},
         "git": git_sha(),
     }
 

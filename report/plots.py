@@ -56,19 +56,36 @@ def tau_histograms(hists: pd.DataFrame, path: Path) -> Path:
     return _save(fig, path)
 
 
+def phase_colors(phases: list[str]) -> dict[str, tuple]:
+    """One distinct colour per phase (tab20, then evenly spaced hues past 20 phases)."""
+    if len(phases) <= 20:  # tab20's strong shades first, then their light pairs: neighbours differ in hue
+        cmap = plt.get_cmap("tab20")
+        order = [*range(0, 20, 2), *range(1, 20, 2)]
+        return {p: cmap(order[i]) for i, p in enumerate(phases)}
+    cmap = plt.get_cmap("hsv")
+    return {p: cmap(i / len(phases)) for i, p in enumerate(phases)}
+
+
 def profile_bars(prof: pd.DataFrame, path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(prof) + 2), 4.5))
+    """Per-round phase profile: ms per round (top) and each phase's share of its round
+    (bottom), so methods with rounds 100x shorter than Option C's stay legible."""
+    fig, (top, shares) = plt.subplots(2, 1, figsize=(max(7, 0.7 * len(prof) + 3), 8), sharex=True)
     if len(prof):
         phases = [c for c in prof.columns if c not in ("arch", "method", "block_size", "kv", "cell_id")]
+        colors = phase_colors(phases)
         labels = [_label(r) for _, r in prof.iterrows()]
-        bottom = pd.Series(0.0, index=prof.index)
+        totals = prof[phases].fillna(0.0).sum(axis=1).replace(0.0, 1.0)
+        bottom_ms, bottom_share = pd.Series(0.0, index=prof.index), pd.Series(0.0, index=prof.index)
         for p in phases:
             vals = prof[p].fillna(0.0)
-            ax.bar(labels, vals, bottom=bottom, label=p)
-            bottom += vals
-        ax.legend(fontsize=8)
-        ax.tick_params(axis="x", rotation=60, labelsize=7)
-    ax.set(ylabel="ms per round (profiled pass)", title="per-round phase profile")
+            top.bar(labels, vals, bottom=bottom_ms, label=p, color=colors[p])
+            shares.bar(labels, vals / totals, bottom=bottom_share, color=colors[p])
+            bottom_ms += vals
+            bottom_share += vals / totals
+        top.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        shares.tick_params(axis="x", rotation=60, labelsize=7)
+    top.set(ylabel="ms per round (profiled pass)", title="per-round phase profile")
+    shares.set(ylabel="share of the round", ylim=(0, 1))
     return _save(fig, path)
 
 
