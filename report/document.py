@@ -38,7 +38,8 @@ def header(root: Path, records) -> str:
         f"(method, base, method, base ...), {bench('reps')} timed reps after {bench('warmup')} warm-up "
         f"generation(s) per arm, cool-down {bench('cooldown_s')} s between reps.",
         "- tok/s is decode throughput (tokens after the first / time after the prefill). The speedup is "
-        "the median over reps of method tok/s / base tok/s from the same rep; the 95% CI is a t-interval on "
+        "the median over reps of method tok/s / reference tok/s from the same rep (the reference is base decoding "
+        "unless the method column names another); the 95% CI is a t-interval on "
         "the log ratios; sigma% is the spread of each arm over reps.",
         "- tau = tokens per target verify (accepted drafts + bonus; base = 1). Acceptance = accepted / "
         "drafted tokens; by position: share of drafts at position i that were accepted.",

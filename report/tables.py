@@ -52,8 +52,8 @@ def cell_table(df: pd.DataFrame) -> str:
                      _fmt(r["decode_tps"], ".1f"), _speedup(r), _fmt(r["tau"], ".2f"),
                      _fmt(r["acceptance_rate"], ".1%"), _positions(r["per_position_acceptance"]),
                      _sigma(r), div])
-    headers = ["method", "block", "kv", "base tok/s", "tok/s", "speedup [95% CI]", "tau", "accept",
-               "accept by position", "sigma% base/method", "diverged"]
+    headers = ["method", "block", "kv", "reference tok/s", "tok/s", "speedup [95% CI]", "tau", "accept",
+               "accept by position", "sigma% reference/method", "diverged"]
     return _md(rows, headers)
 
 
