@@ -14,16 +14,26 @@ import mlx.core as mx
 import mlx.nn as nn
 
 
-def decoder(model: nn.Module) -> nn.Module:
-    """The inner model holding `embed_tokens` and the real `layers` list.
+def text_model(model: nn.Module) -> nn.Module:
+    """The causal LM inside a multimodal wrapper (`model.language_model`: gemma4, qwen3_5's
+    VL form), or the model itself: the module that owns `lm_head`, `args` and the decoder."""
+    inner = getattr(model, "language_model", None)
+    return inner if isinstance(inner, nn.Module) else model
 
-    qwen3_5's `model.layers` is a fresh slice on every access, so hooks must go into
-    `model.model.layers` (the same object for llama, qwen3_5 and gemma4_text).
+
+def decoder(model: nn.Module) -> nn.Module:
+    """The inner model holding `embed_tokens` and the real `layers` list, for every mlx-lm
+    family: `model.model` (llama, qwen2/3, mistral, gemma4_text, ...) or
+    `model.language_model.model` (multimodal wrappers).
+
+    Hooks must go into this list: qwen3_5's `model.layers` is a fresh slice on every access.
     """
-    inner = getattr(model, "model", None)
-    if inner is None or not isinstance(getattr(inner, "layers", None), list):
-        raise TypeError(f"{type(model).__name__}: cannot find the decoder's layer list (model.model.layers)")
-    return inner
+    for owner in (model, text_model(model)):
+        inner = getattr(owner, "model", None)
+        if inner is not None and isinstance(getattr(inner, "layers", None), list) and hasattr(inner, "embed_tokens"):
+            return inner
+    raise TypeError(f"{type(model).__name__}: cannot find the decoder's layer list "
+                    "(model.model.layers or model.language_model.model.layers)")
 
 
 def num_layers(model: nn.Module) -> int:
@@ -91,13 +101,14 @@ def embed(model: nn.Module, ids: mx.array) -> mx.array:
     return h * scale if scale is not None else h
 
 
-def lm_head(model: nn.Module, h: mx.array) -> mx.array:
-    """The target's output head on hidden states (after its final norm): [..., V]."""
-    inner = decoder(model)
-    head = getattr(model, "lm_head", None) or getattr(getattr(model, "language_model", None), "lm_head", None)
-    logits = head(h) if head is not None else inner.embed_tokens.as_linear(h)
-    cap = getattr(model, "final_logit_softcapping", None)
-    if cap:
+def lm_head(model: nn.Module, h: mx.array, softcap: bool = True) -> mx.array:
+    """The target's output head on hidden states (after its final norm): [..., V], with the
+    target's own logit soft-capping unless `softcap` is False (DFlash drafters cap their own)."""
+    lm = text_model(model)
+    head = getattr(lm, "lm_head", None)
+    logits = head(h) if head is not None else decoder(model).embed_tokens.as_linear(h)
+    cap = getattr(lm, "final_logit_softcapping", None)
+    if cap and softcap:
         logits = mx.tanh(logits / cap) * cap
     return logits
 

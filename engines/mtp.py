@@ -36,7 +36,7 @@ from mlx_lm.models.cache import KVCache
 from engines.base import Draft, DrafterError, Engine, Unsupported, register
 from engines.cache import trim_attention
 from engines.checkpoint import check_tensors
-from engines.hidden import activation_dtype, embed, final_norm, lm_head, num_layers
+from engines.hidden import activation_dtype, decoder, embed, final_norm, lm_head, num_layers, text_model
 
 NORMS = ("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight",
          "layers.0.input_layernorm.weight", "layers.0.post_attention_layernorm.weight",
@@ -45,8 +45,7 @@ NORMS = ("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weig
 
 def text_args(model: nn.Module):
     """The qwen3_5 / qwen3_next TextModelArgs of a loaded target, or Unsupported."""
-    lm = getattr(model, "language_model", model)
-    args = getattr(lm, "args", None)
+    args = getattr(text_model(model), "args", None)
     if getattr(model, "model_type", None) not in ("qwen3_5", "qwen3_5_moe", "qwen3_next") or args is None:
         raise Unsupported(f"MTP needs a Qwen3.5 / Qwen3-Next target; this is {getattr(model, 'model_type', '?')}")
     return args
@@ -56,7 +55,7 @@ class MTPHead(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         args = text_args(model)
-        layer_cls = type(model.layers[0])  # the target's own decoder layer class
+        layer_cls = type(decoder(model).layers[0])  # the target's own decoder layer class
         h = args.hidden_size
         self.pre_fc_norm_embedding = nn.RMSNorm(h, eps=args.rms_norm_eps)
         self.pre_fc_norm_hidden = nn.RMSNorm(h, eps=args.rms_norm_eps)

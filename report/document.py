@@ -94,7 +94,9 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
            "drafted tokens. alpha is Leviathan et al.'s per-token acceptance: the rate at which independent "
            "acceptance, E(alpha) = (1 - alpha^(K+1)) / (1 - alpha) tokens per round, yields the measured tau "
            "(above a, which counts drafts after the first rejection as rejected). Break-even alpha: where "
-           "E(alpha) = c.", "",
+           "E(alpha) = c. Base pipelining: the profiled base step (unpipelined, with barriers) over the timed "
+           "base arm's median step, which queues each step before reading the last; the model's unit is the "
+           "former, so a prediction overstates the measured speedup by up to that factor.", "",
            model_table(df),
            "## Plots", "",
            *[f"![{p.stem}]({p.name})" for p in pngs], ""]

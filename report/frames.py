@@ -72,7 +72,7 @@ def cells(root: Path, records=None) -> pd.DataFrame:
                     "ceiling_tps": ceiling.get("tps")})
         model = summary.get("model") or {}
         row.update({k: model.get(k) for k in ("predicted_speedup", "break_even_acceptance", "verify_cost_ratio",
-                                              "round_cost_ratio", "iid_acceptance")})
+                                              "round_cost_ratio", "iid_acceptance", "base_pipelining_gain")})
         rows.append(row)
     df = pd.DataFrame(rows)
     for col in CELL_COLUMNS:

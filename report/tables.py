@@ -111,9 +111,10 @@ def model_table(df: pd.DataFrame) -> str:
                      _fmt(r["iid_acceptance"], ".3f"), _fmt(r["tau"], ".2f"),
                      _fmt(r["verify_cost_ratio"], ".2f"), _fmt(r["round_cost_ratio"], ".2f"),
                      _fmt(r["predicted_speedup"], ".3f"), _fmt(r["speedup"], ".3f"),
-                     "never" if pd.isna(r["break_even_acceptance"]) else _fmt(r["break_even_acceptance"], ".1%")])
+                     "never" if pd.isna(r["break_even_acceptance"]) else _fmt(r["break_even_acceptance"], ".1%"),
+                     _fmt(r.get("base_pipelining_gain"), ".2f")])
     headers = ["arch", "method", "block", "kv", "acceptance a", "alpha", "tau", "verify cost (x decode)",
-               "round cost = break-even tau", "predicted", "measured", "break-even alpha"]
+               "round cost = break-even tau", "predicted", "measured", "break-even alpha", "base pipelining"]
     return _md(rows, headers) + "\n"
 
 
