@@ -33,8 +33,23 @@ from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
 from engines.base import Draft, DrafterError, Engine, register
-from engines.checkpoint import check_tensors, read_config, read_tensors, write_checkpoint
+from engines.checkpoint import (check_tensors, qwen3_layer_types, read_config, read_tensors, refuse_unknown,
+                                rope_settings, write_checkpoint)
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
+
+
+# Config fields that are bookkeeping (no effect on what the drafter computes), implemented
+# ones, and the DFlash2 fields (conv + candidate selector) this engine refuses.
+_METADATA = {"architectures", "model_type", "dtype", "torch_dtype", "transformers_version", "auto_map",
+             "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings", "use_cache", "initializer_range",
+             "attention_dropout", "num_target_layers", "vocab_size", "hidden_act", "attention_bias", "_name_or_path"}
+_FIELDS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+           "intermediate_size", "rms_norm_eps", "max_position_embeddings", "block_size", "rope_theta", "rope_scaling",
+           "rope_parameters", "layer_types", "sliding_window", "use_sliding_window", "max_window_layers", "is_causal",
+           "final_logit_softcapping", "dflash_config", "target_layer_ids", "mask_token_id"}
+_NESTED = {"block_size", "target_layer_ids", "mask_token_id", "final_logit_softcapping", "input_embedding_scale",
+           "output_multiplier"}
+_DFLASH2 = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 @dataclass
@@ -46,58 +61,86 @@ class DFlashConfig:
     head_dim: int
     intermediate_size: int
     rms_norm_eps: float
-    rope_theta: float
     max_position_embeddings: int
     block_size: int
     target_layer_ids: tuple[int, ...]
     mask_token_id: int
-    num_target_layers: int | None = None
-    vocab_size: int | None = None
-    rope_scaling: dict | None = None
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # what initialize_rope takes (rope_parameters in v5 configs)
     layer_types: tuple[str, ...] = ()
     sliding_window: int | None = None
+    is_causal: bool | None = None  # None: sliding layers causal inside the block, full layers not
+    num_target_layers: int | None = None
+    vocab_size: int | None = None
+    final_logit_softcapping: float | None = None
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
 
     REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                "intermediate_size", "rms_norm_eps", "rope_theta", "max_position_embeddings", "block_size")
+                "intermediate_size", "rms_norm_eps", "max_position_embeddings")
 
     @classmethod
     def from_json(cls, cfg: dict, where: str) -> "DFlashConfig":
-        missing = [k for k in cls.REQUIRED if k not in cfg]
+        """Both z-lab schemas: the older one (block_size, rope_theta at the top) and the newer
+        one (dflash_config.block_size, rope_parameters, layer_types with sliding windows), read
+        with the precedence of z-lab's own loaders (dflash_config first, then the top level)."""
         dflash = cfg.get("dflash_config") or {}
-        missing += [f"dflash_config.{k}" for k in ("target_layer_ids", "mask_token_id") if k not in dflash]
+        if "DFlash2DraftModel" in (cfg.get("architectures") or []) or any(dflash.get(k) for k in _DFLASH2):
+            raise DrafterError(f"{where}: a DFlash2 drafter (grouped dynamic convolutions + candidate selector) is "
+                               "not implemented by this engine; method=dflash_zlab runs z-lab's reference on it")
+        fix = "remove it if it is bookkeeping, or use a drafter in a layout this harness implements"
+        refuse_unknown(cfg, _FIELDS | _METADATA, "config field(s)", where, fix)
+        refuse_unknown(dflash, _NESTED | set(_DFLASH2), "dflash_config field(s)", where, fix)
+        if cfg.get("attention_bias"):
+            raise DrafterError(f"{where}: attention_bias=true is not implemented (z-lab drafters have no biases)")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise DrafterError(f"{where}: hidden_act={cfg['hidden_act']!r} is not implemented (DFlash MLPs are SwiGLU)")
+        pick = lambda k, default=None: dflash.get(k, cfg.get(k, default))
+        missing = [k for k in cls.REQUIRED if k not in cfg] + [f"dflash_config.{k}" for k in ("target_layer_ids",
+                                                                                           "mask_token_id")
+                                                               if pick(k) is None]
         if missing:
             raise DrafterError(f"{where}: missing {', '.join(missing)} (a z-lab DFlash config.json has them)")
-        layer_types = tuple(cfg.get("layer_types") or ("full_attention",) * cfg["num_hidden_layers"])
-        if len(layer_types) != cfg["num_hidden_layers"] or set(layer_types) - {"full_attention", "sliding_attention"}:
+        n = cfg["num_hidden_layers"]
+        layer_types = tuple(cfg.get("layer_types") or qwen3_layer_types(cfg, n))
+        if len(layer_types) != n or set(layer_types) - {"full_attention", "sliding_attention"}:
             raise DrafterError(f"{where}: layer_types must list full_attention/sliding_attention once per layer")
         if "sliding_attention" in layer_types and not cfg.get("sliding_window"):
             raise DrafterError(f"{where}: sliding_attention layers need sliding_window")
-        return cls(**{k: cfg[k] for k in cls.REQUIRED}, target_layer_ids=tuple(dflash["target_layer_ids"]),
-                   mask_token_id=int(dflash["mask_token_id"]), num_target_layers=cfg.get("num_target_layers"),
-                   vocab_size=cfg.get("vocab_size"),
-                   rope_scaling=cfg.get("rope_scaling"), layer_types=layer_types,
-                   sliding_window=cfg.get("sliding_window"))
+        theta, scaling = rope_settings(cfg)
+        return cls(**{k: cfg[k] for k in cls.REQUIRED}, block_size=int(pick("block_size", 16)),
+                   target_layer_ids=tuple(pick("target_layer_ids")), mask_token_id=int(pick("mask_token_id")),
+                   rope_theta=theta, rope_scaling=scaling, layer_types=layer_types,
+                   sliding_window=cfg.get("sliding_window") if "sliding_attention" in layer_types else None,
+                   is_causal=cfg.get("is_causal"), num_target_layers=cfg.get("num_target_layers"),
+                   vocab_size=cfg.get("vocab_size"), final_logit_softcapping=pick("final_logit_softcapping"),
+                   input_embedding_scale=float(dflash.get("input_embedding_scale", 1.0)),
+                   output_multiplier=float(dflash.get("output_multiplier", 1.0)))
+
+    def causal(self, layer: int) -> bool:
+        """Whether layer `layer` attends causally inside the block (z-lab's rule and its training masks)."""
+        return self.layer_types[layer] == "sliding_attention" if self.is_causal is None else self.is_causal
 
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in self.REQUIRED}
-        out.update({"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-                    "num_target_layers": self.num_target_layers, "vocab_size": self.vocab_size,
-                    "layer_types": list(self.layer_types),
+        out.update({"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "rope_theta": self.rope_theta,
+                    "block_size": self.block_size, "num_target_layers": self.num_target_layers,
+                    "vocab_size": self.vocab_size, "layer_types": list(self.layer_types),
                     "dflash_config": {"target_layer_ids": list(self.target_layer_ids),
                                       "mask_token_id": self.mask_token_id}})
-        if self.sliding_window:
-            out["sliding_window"] = self.sliding_window
-        if self.rope_scaling:
-            out["rope_scaling"] = self.rope_scaling
+        for key in ("sliding_window", "rope_scaling", "is_causal", "final_logit_softcapping"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
 
 class DFlashAttention(nn.Module):
-    def __init__(self, cfg: DFlashConfig, sliding: bool):
+    def __init__(self, cfg: DFlashConfig, layer: int):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.n_heads, self.n_kv, self.scale = cfg.num_attention_heads, cfg.num_key_value_heads, d ** -0.5
-        self.window = cfg.sliding_window if sliding else None
+        self.window = cfg.sliding_window if cfg.layer_types[layer] == "sliding_attention" else None
+        self.causal = cfg.causal(layer)
         self.q_proj = nn.Linear(h, self.n_heads * d, bias=False)
         self.k_proj = nn.Linear(h, self.n_kv * d, bias=False)
         self.v_proj = nn.Linear(h, self.n_kv * d, bias=False)
@@ -134,20 +177,23 @@ class DFlashAttention(nn.Module):
         C = keys.shape[2]
         qpos = n_ctx + mx.arange(L)[:, None]  # [.., L, 1] absolute query positions
         kpos = mx.arange(C + L)[None]  # [1, C + L]: context positions, then the block
-        visible = kpos < n_ctx  # context before the block (all of it when decoding)
+        visible = kpos < n_ctx  # context before the block (all of it when decoding), by absolute position
         if self.window:
             visible = visible & (qpos - kpos < self.window)
-        mask = visible | (kpos >= C)  # the block sees itself whole: non-causal
+        block = kpos >= C
+        if self.causal:  # block row i sees rows 0..i
+            block = block & (kpos - C <= qpos - n_ctx)
+        plain = cache is not None and not self.window and not self.causal  # all keys visible: no mask
         out = mx.fast.scaled_dot_product_attention(q, mx.concatenate([keys, bk], axis=2),
                                                    mx.concatenate([values, bv], axis=2), scale=self.scale,
-                                                   mask=None if (cache is not None and not self.window) else mask)
+                                                   mask=None if plain else visible | block)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
 class DFlashLayer(nn.Module):
-    def __init__(self, cfg: DFlashConfig, sliding: bool):
+    def __init__(self, cfg: DFlashConfig, layer: int):
         super().__init__()
-        self.self_attn = DFlashAttention(cfg, sliding)
+        self.self_attn = DFlashAttention(cfg, layer)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)  # SwiGLU gate/up/down, as in Qwen3
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
@@ -163,7 +209,7 @@ class DFlashDrafter(nn.Module):
         self.config = cfg
         self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.layers = [DFlashLayer(cfg, t == "sliding_attention") for t in cfg.layer_types]
+        self.layers = [DFlashLayer(cfg, i) for i in range(cfg.num_hidden_layers)]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self._rope = initialize_rope(cfg.head_dim, base=cfg.rope_theta, traditional=False,
                                      scaling_config=cfg.rope_scaling,
@@ -171,6 +217,14 @@ class DFlashDrafter(nn.Module):
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]
+
+    def logits(self, raw: mx.array) -> mx.array:
+        """The target head's raw logits scaled and soft-capped as this drafter's config says."""
+        c = self.config
+        out = raw * c.output_multiplier if c.output_multiplier != 1.0 else raw
+        if c.final_logit_softcapping:
+            out = mx.tanh(out / c.final_logit_softcapping) * c.final_logit_softcapping
+        return out
 
     def project_context(self, target_hidden: mx.array) -> mx.array:
         # [1, S, n*H] concatenated target layer outputs -> [1, S, H]
@@ -213,6 +267,9 @@ def load_drafter(path: Path, target_model: nn.Module) -> DFlashDrafter:
     drafter = DFlashDrafter(cfg)
     expected = {k: tuple(v.shape) for k, v in tree_flatten(drafter.parameters())}  # every z-lab tensor
     check_tensors(weights, expected, "drafter", path)
+    # a copy of the target's embedding or head is redundant (the drafter uses the target's own)
+    refuse_unknown(weights, {*expected, "embed_tokens.weight", "lm_head.weight"}, "tensor(s)", path,
+                   "this drafter has parts the engine would not run; use a z-lab DFlash checkpoint")
     drafter.load_weights([(k, weights[k]) for k in expected])
     drafter.set_dtype(activation_dtype(target_model))
     drafter.eval()
@@ -245,7 +302,9 @@ class DFlash(Engine):
     def draft(self, history):
         k = self.block - 1
         ids = mx.array([[history[-1]] + [self.mask_id] * k], dtype=mx.int32)
-        x = embed(self.target.model, ids)  # [1, K+1, H]
+        x = embed(self.target.model, ids)  # [1, K+1, H], the target's own embedding scale included
+        if self.drafter.config.input_embedding_scale != 1.0:
+            x = x * self.drafter.config.input_embedding_scale
         self.prof.mark("embed", x)
         hidden = self.context[0] if len(self.context) == 1 else mx.concatenate(self.context, axis=1)
         ctx = self.drafter.project_context(hidden)  # [1, S, H]
@@ -253,7 +312,7 @@ class DFlash(Engine):
         self.prof.mark("extract", ctx)
         h = self.drafter(x, ctx, self.dcache)[:, 1:]  # [1, K, H]
         self.prof.mark("drafter_fwd", h)
-        logits = lm_head(self.target.model, h)[0]  # [K, V]
+        logits = self.drafter.logits(lm_head(self.target.model, h, softcap=False))[0]  # [K, V]
         tokens, q = self.sampler.propose(logits, len(history) - self.prompt_len)  # [K] on the device
         self.prof.mark("drafter_argmax", tokens)
         return Draft(tokens, q)
@@ -269,7 +328,9 @@ class DFlash(Engine):
     def describe(self):
         c = self.drafter.config
         return {**super().describe(), "drafter_layers": c.num_hidden_layers, "target_layer_ids": list(c.target_layer_ids),
-                "drafter_block_size": c.block_size, "block_size": self.block}
+                "drafter_block_size": c.block_size, "block_size": self.block, "layer_types": list(c.layer_types),
+                "sliding_window": c.sliding_window, "block_causal": [c.causal(i) for i in range(c.num_hidden_layers)],
+                "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling}
 
 
 @register("dflash_a", "dflash")

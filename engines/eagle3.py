@@ -1,50 +1,71 @@
-"""EAGLE-3: a one-layer drafter on fused low/mid/high target features, with a dynamic
-draft tree verified in one target forward (arXiv 2503.01840; EAGLE-2 tree policy).
+"""EAGLE-3: a drafter on fused target features, with a dynamic draft tree verified in one
+target forward (arXiv 2503.01840; EAGLE-2 tree policy).
 
 Drafter step at position t (the pair: feature for t, token t+1):
-    g_t = fc([f_low ; f_mid ; f_high])          # target layer inputs, 3 * H_target -> H
-    x = [input_layernorm(embed(tok_{t+1})) ; hidden_norm(g_t)]     # 2H, into q/k/v
-    h = residual + attn(x)  (residual = g_t, or hidden_norm(g_t) if norm_before_residual)
-    h = h + mlp(post_attention_layernorm(h))     # h feeds the next step as its feature
+    g_t = fc([f_1 ; ... ; f_A])             # inputs of the A aux target layers, A * H_target -> H
+                                            # (norm_before_fc: one RMSNorm over the concatenation
+                                            #  first; fc_norm: one RMSNorm per feature)
+    layer 0: x = [input_layernorm(embed(tok_{t+1})) ; hidden_norm(g_t)]   # 2H into q/k/v
+             h = residual + attn(x)  (residual = hidden_norm(g_t) if norm_before_residual, else g_t)
+             h = h + mlp(post_attention_layernorm(h))
+    layers 1..L-1: ordinary decoder layers on h (H into q/k/v, no embedding)
     logits over the draft vocabulary = lm_head(norm(h)); target id = draft id + d2t[id]
+    the next step's feature is h, or norm(h) with norm_output
+Decoder layers are Llama-type, or Qwen3-type with q/k RMSNorms; sliding-window layers see
+keys within `sliding_window` positions.
 
 Tree (EAGLE-2): from the pending token, take the top_k children; for depth-1 more
 steps expand the top_k best nodes by cumulative log-probability (each node attends
 to the committed context, its ancestors and itself); keep the `total_tokens` best
 nodes. The target verifies the tree in one forward with a tree mask and per-node
 positions (engines/tree.py), the longest path matching the target's greedy choices
-is accepted, and the target cache is compacted to that path.
+is accepted, and the target cache is compacted to that path. Against SafeAILab's
+(depth D, top_k K, total_token T) the same tree is this engine's (D+1, K, T-1): its
+depth counts levels below the root including the first, SafeAILab's the drafter steps
+after it, and its total_token counts the root. vLLM's chain of k speculative tokens is
+(k, 1, k).
 
 Hybrid (DeltaNet) targets cannot verify a tree (one recurrent state, many branches),
 and the tree form of speculative sampling is not implemented: in both cases the
 engine drafts and verifies the single best chain (greedy, or sampled with q and
 speculative sampling), with exact rollback. Every record says which path ran.
 
-Checkpoint layouts: `speculators` (config with transformer_layer_config,
-draft_vocab_size, target_hidden_size, norm_before_residual,
-eagle_aux_hidden_state_layer_ids; weights layers.0.*) and SafeAILab's EAGLE-3
-(Llama-style config with draft_vocab_size; weights midlayer.*).
+Checkpoint layouts: speculators (config with transformer_layer_config: v0.2's one Llama
+layer and 3 aux features, and the newer Eagle3DraftModel: any number of aux features and
+layers, Qwen3 layers, input/fc/output norms, d2t only when the draft vocabulary is
+smaller); SafeAILab's EAGLE-3 (Llama-style config with draft_vocab_size, weights midlayer.*,
+as safetensors or the published pytorch_model.bin, read without torch). Anything in a
+checkpoint this code does not implement is refused by name.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
-from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
 from engines.base import Draft, DrafterError, Engine, register
 from engines.cache import trim_attention
-from engines.checkpoint import check_tensors, read_config, read_tensors, write_checkpoint
-from engines.hidden import activation_dtype, embed, hidden_size, num_layers, vocab_size
+from engines.checkpoint import (check_tensors, qwen3_layer_types, read_config, read_tensors, refuse_unknown,
+                                rope_settings, write_checkpoint)
+from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
 
 LAYER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "rms_norm_eps",
               "max_position_embeddings", "vocab_size")
+# Config fields with no effect on what the drafter computes.
+_METADATA = {"architectures", "model_type", "dtype", "torch_dtype", "transformers_version", "auto_map", "_name_or_path",
+             "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings", "use_cache", "initializer_range",
+             "attention_dropout", "pretraining_tp", "hidden_act", "speculators_model_type", "speculators_version",
+             "speculators_config", "embed_requires_grad", "max_window_layers", "use_sliding_window", "bias"}
+_LAYER_FIELDS = {*LAYER_KEYS, "num_hidden_layers", "head_dim", "rope_theta", "rope_scaling", "rope_parameters",
+                 "attention_bias", "mlp_bias", "sliding_window", "layer_types"}
+_TOP_FIELDS = {"transformer_layer_config", "draft_vocab_size", "target_hidden_size", "norm_before_residual",
+               "eagle_aux_hidden_state_layer_ids", "norm_before_fc", "fc_norm", "norm_output"}
 
 
 @dataclass
@@ -59,9 +80,18 @@ class Eagle3Config:
     draft_vocab_size: int
     target_hidden_size: int
     head_dim: int
+    num_hidden_layers: int = 1
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
     norm_before_residual: bool = False
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated aux features (input_norm)
+    fc_norm: bool = False  # one RMSNorm per aux feature (fc_norm.i)
+    norm_output: bool = False  # the next step is fed norm(h), not h
+    qk_norm: bool | None = None  # Qwen3-type layers; None: decided by the checkpoint's tensors
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
     aux_layer_ids: tuple[int, ...] | None = None
     layout: str = "speculators"
 
@@ -69,25 +99,52 @@ class Eagle3Config:
     def from_json(cls, cfg: dict, where: str) -> "Eagle3Config":
         layout = "speculators" if "transformer_layer_config" in cfg else "eagle"
         layer = cfg.get("transformer_layer_config", cfg)
+        fix = "remove it if it is bookkeeping, or use a drafter in a layout this harness implements"
+        if layout == "speculators":
+            refuse_unknown(cfg, _TOP_FIELDS | _METADATA, "config field(s)", where, fix)
+            refuse_unknown(layer, _LAYER_FIELDS | _METADATA, "transformer_layer_config field(s)", where, fix)
+        else:
+            refuse_unknown(cfg, _LAYER_FIELDS | _TOP_FIELDS | _METADATA, "config field(s)", where, fix)
         missing = [k for k in LAYER_KEYS if k not in layer]
         if missing:
             raise DrafterError(f"{where}: missing {', '.join(missing)} (an EAGLE-3 config has them)")
-        h = layer["hidden_size"]
+        if layer.get("hidden_act", "silu") != "silu":
+            raise DrafterError(f"{where}: hidden_act={layer['hidden_act']!r} is not implemented (EAGLE-3 MLPs are SwiGLU)")
+        if cfg.get("norm_before_fc") and cfg.get("fc_norm"):
+            raise DrafterError(f"{where}: norm_before_fc and fc_norm exclude each other")
+        h, n = layer["hidden_size"], layer.get("num_hidden_layers", 1)
+        types = tuple(layer.get("layer_types") or qwen3_layer_types(layer, n))
+        if len(types) != n or set(types) - {"full_attention", "sliding_attention"}:
+            raise DrafterError(f"{where}: layer_types must list full_attention/sliding_attention once per layer")
+        theta, scaling = rope_settings(layer)
         aux = cfg.get("eagle_aux_hidden_state_layer_ids")
+        model_type = layer.get("model_type")
         return cls(**{k: layer[k] for k in LAYER_KEYS},
-                   draft_vocab_size=cfg.get("draft_vocab_size", layer["vocab_size"]),
+                   draft_vocab_size=cfg.get("draft_vocab_size") or layer["vocab_size"],
                    target_hidden_size=cfg.get("target_hidden_size") or h,
-                   head_dim=layer.get("head_dim") or h // layer["num_attention_heads"],
-                   rope_theta=layer.get("rope_theta", 10000.0), rope_scaling=layer.get("rope_scaling"),
-                   norm_before_residual=bool(cfg.get("norm_before_residual", False)),
+                   head_dim=layer.get("head_dim") or h // layer["num_attention_heads"], num_hidden_layers=n,
+                   rope_theta=theta, rope_scaling=scaling,
+                   # absent: true for speculators checkpoints (as vLLM reads them), false for SafeAILab's
+                   norm_before_residual=bool(cfg.get("norm_before_residual", layout == "speculators")),
+                   norm_before_fc=bool(cfg.get("norm_before_fc")), fc_norm=bool(cfg.get("fc_norm")),
+                   norm_output=bool(cfg.get("norm_output")),
+                   qk_norm={"qwen3": True, "llama": False}.get(model_type), attention_bias=bool(layer.get("attention_bias")),
+                   mlp_bias=bool(layer.get("mlp_bias")), layer_types=types,
+                   sliding_window=layer.get("sliding_window") if "sliding_attention" in types else None,
                    aux_layer_ids=tuple(aux) if aux else None, layout=layout)
 
     def to_json(self) -> dict:
         layer = {k: getattr(self, k) for k in LAYER_KEYS}
-        layer.update(model_type="llama", head_dim=self.head_dim, rope_theta=self.rope_theta)
+        layer.update(model_type="qwen3" if self.qk_norm else "llama", head_dim=self.head_dim,
+                     rope_theta=self.rope_theta, num_hidden_layers=self.num_hidden_layers)
+        if self.rope_scaling:
+            layer["rope_scaling"] = self.rope_scaling
+        if self.sliding_window:
+            layer.update(sliding_window=self.sliding_window, layer_types=list(self.layer_types))
         return {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
                 "transformer_layer_config": layer, "draft_vocab_size": self.draft_vocab_size,
                 "target_hidden_size": self.target_hidden_size, "norm_before_residual": self.norm_before_residual,
+                "norm_before_fc": self.norm_before_fc, "fc_norm": self.fc_norm, "norm_output": self.norm_output,
                 "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids or ())}
 
 
@@ -96,74 +153,140 @@ def default_aux_layers(n_layers: int) -> tuple[int, int, int]:
     return max(1, min(2, n_layers - 1)), max(1, n_layers // 2), max(1, n_layers - 3)
 
 
+class _MLP(nn.Module):
+    """SwiGLU gate/up/down, as Llama and Qwen3 layers have it (biases with mlp_bias)."""
+
+    def __init__(self, h: int, i: int, bias: bool):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(h, i, bias=bias), nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+
+    def __call__(self, x):
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
 class Eagle3Attention(nn.Module):
-    def __init__(self, c: Eagle3Config):
+    def __init__(self, c: Eagle3Config, layer: int):
         super().__init__()
         self.n_heads, self.n_kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        width = 2 * c.hidden_size if layer == 0 else c.hidden_size  # layer 0 reads [embedding ; feature]
         self.scale = d ** -0.5
-        self.q_proj = nn.Linear(2 * c.hidden_size, self.n_heads * d, bias=False)
-        self.k_proj = nn.Linear(2 * c.hidden_size, self.n_kv * d, bias=False)
-        self.v_proj = nn.Linear(2 * c.hidden_size, self.n_kv * d, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * d, c.hidden_size, bias=False)
+        self.q_proj = nn.Linear(width, self.n_heads * d, bias=c.attention_bias)
+        self.k_proj = nn.Linear(width, self.n_kv * d, bias=c.attention_bias)
+        self.v_proj = nn.Linear(width, self.n_kv * d, bias=c.attention_bias)
+        self.o_proj = nn.Linear(self.n_heads * d, c.hidden_size, bias=c.attention_bias)
+        if c.qk_norm:
+            self.q_norm = nn.RMSNorm(d, eps=c.rms_norm_eps)
+            self.k_norm = nn.RMSNorm(d, eps=c.rms_norm_eps)
+        self.window = c.sliding_window if c.layer_types[layer] == "sliding_attention" else None
         self.rope = initialize_rope(d, base=c.rope_theta, traditional=False, scaling_config=c.rope_scaling,
                                     max_position_embeddings=c.max_position_embeddings)
 
-    def _heads(self, x, n):
-        return x.reshape(*x.shape[:2], n, -1).transpose(0, 2, 1, 3)  # [B, T, n*D] -> [B, n, T, D]
+    def _heads(self, x, n, norm=None):
+        x = x.reshape(*x.shape[:2], n, -1)  # [B, T, n*D] -> [B, n, T, D]
+        return (norm(x) if norm is not None else x).transpose(0, 2, 1, 3)
 
-    def __call__(self, x, cache: KVCache | None, offset, mask=None):
-        """x [B, T, 2H], appended to `cache` (if any). With `mask` None the T tokens are
+    def __call__(self, x, cache: KVCache | None, offset, tree=None):
+        """x [B, T, width], appended to `cache` (if any). With `tree` None the T tokens are
         consecutive positions from `offset` (causal). Otherwise they are tree nodes that all
-        sit at position `offset` and see the cache's entries under mask [T, C + T]."""
+        sit at position `offset`, and tree(window) gives the [T, S] mask over the cache's
+        entries (committed context, earlier tree steps, these nodes)."""
         B, T, _ = x.shape
-        q, k, v = self._heads(self.q_proj(x), self.n_heads), self._heads(self.k_proj(x), self.n_kv), \
-            self._heads(self.v_proj(x), self.n_kv)
-        if mask is None:
+        q = self._heads(self.q_proj(x), self.n_heads, getattr(self, "q_norm", None))
+        k = self._heads(self.k_proj(x), self.n_kv, getattr(self, "k_norm", None))
+        v = self._heads(self.v_proj(x), self.n_kv)
+        if tree is None:
             q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
-            mask = "causal" if T > 1 else None
         else:  # one position for every node: rotate them as a batch of length-1 sequences
             rot = lambda t: self.rope(t.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)
             q, k = rot(q), rot(k)
         keys, values = cache.update_and_fetch(k, v) if cache is not None else (k, v)
-        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale,
+                                                   mask=self._mask(T, keys.shape[2], offset, tree))
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, -1))
+
+    def _mask(self, T: int, S: int, offset: int, tree):
+        if tree is not None:
+            return tree(self.window)
+        if not self.window:
+            return "causal" if T > 1 else None
+        qpos, kpos = offset + mx.arange(T)[:, None], mx.arange(S)  # causal within the window
+        return (kpos <= qpos) & (qpos - kpos < self.window)
 
 
 class Eagle3Layer(nn.Module):
-    def __init__(self, c: Eagle3Config):
+    def __init__(self, c: Eagle3Config, layer: int):
         super().__init__()
         h = c.hidden_size
+        self.first = layer == 0
         self.norm_before_residual = c.norm_before_residual
         self.input_layernorm = nn.RMSNorm(h, eps=c.rms_norm_eps)
-        self.hidden_norm = nn.RMSNorm(h, eps=c.rms_norm_eps)
+        if self.first:
+            self.hidden_norm = nn.RMSNorm(h, eps=c.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(h, eps=c.rms_norm_eps)
-        self.self_attn = Eagle3Attention(c)
-        self.mlp = MLP(h, c.intermediate_size)  # SwiGLU gate/up/down, as in Llama
+        self.self_attn = Eagle3Attention(c, layer)
+        self.mlp = _MLP(h, c.intermediate_size, c.mlp_bias)
 
-    def __call__(self, embeds, feats, cache, offset, mask=None):
-        g = self.hidden_norm(feats)
-        x = mx.concatenate([self.input_layernorm(embeds), g], axis=-1)
-        h = (g if self.norm_before_residual else feats) + self.self_attn(x, cache, offset, mask)
+    def __call__(self, embeds, h, cache, offset, tree=None):
+        if self.first:
+            g = self.hidden_norm(h)
+            x = mx.concatenate([self.input_layernorm(embeds), g], axis=-1)
+            residual = g if self.norm_before_residual else h
+        else:
+            x, residual = self.input_layernorm(h), h
+        h = residual + self.self_attn(x, cache, offset, tree)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Eagle3Drafter(nn.Module):
-    def __init__(self, c: Eagle3Config):
+    def __init__(self, c: Eagle3Config, own_embedding: bool = False, own_head: bool = True):
         super().__init__()
         self.config = c
-        self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
-        self.layers = [Eagle3Layer(c)]
+        a = len(c.aux_layer_ids or default_aux_layers(4))
+        if c.norm_before_fc:
+            self.input_norm = nn.RMSNorm(a * c.target_hidden_size, eps=c.rms_norm_eps)
+        if c.fc_norm:
+            self.fc_norm = [nn.RMSNorm(c.target_hidden_size, eps=c.rms_norm_eps) for _ in range(a)]
+        self.fc = nn.Linear(a * c.target_hidden_size, c.hidden_size, bias=False)
+        self.layers = [Eagle3Layer(c, i) for i in range(c.num_hidden_layers)]
         self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        if own_head:
+            self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        if own_embedding:
+            self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.d2t = mx.zeros((c.draft_vocab_size,), dtype=mx.int64)
 
-    def step(self, embeds, feats, cache, offset, mask=None):
-        """One drafter step: [1, T, H] embeddings and features -> [1, T, H] output features."""
-        return self.layers[0](embeds, feats, cache, offset, mask)
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
 
-    def logprobs(self, h: mx.array) -> mx.array:
-        """[..., H] -> log-probabilities over the draft vocabulary [..., Vd]."""
-        return nn.log_softmax(self.lm_head(self.norm(h)).astype(mx.float32), axis=-1)
+    def fuse(self, feats: mx.array) -> mx.array:
+        """[1, T, A * Ht] concatenated aux features -> [1, T, H]."""
+        if self.config.fc_norm:
+            parts = mx.split(feats, len(self.fc_norm), axis=-1)
+            feats = mx.concatenate([norm(p) for norm, p in zip(self.fc_norm, parts)], axis=-1)
+        elif self.config.norm_before_fc:
+            feats = self.input_norm(feats)
+        return self.fc(feats)
+
+    def step(self, embeds, feats, caches, offset, tree=None):
+        """One drafter step: [1, T, H] embeddings and features -> [1, T, H] the feature the next
+        step reads (h, or norm(h) with norm_output); logprobs() takes either (norm is idempotent
+        only up to its weight, so they keep which one they got)."""
+        h = feats
+        for layer, cache in zip(self.layers, caches if caches is not None else [None] * len(self.layers)):
+            h = layer(embeds, h, cache, offset, tree)
+        return h
+
+    def next_feature(self, h: mx.array) -> mx.array:
+        return self.norm(h) if self.config.norm_output else h
+
+    def logprobs(self, h: mx.array, target=None) -> mx.array:
+        """[..., H] pre-norm drafter output -> log-probabilities over the draft vocabulary [..., Vd]."""
+        return nn.log_softmax(self.logits(h, target).astype(mx.float32), axis=-1)
+
+    def logits(self, h: mx.array, target=None) -> mx.array:
+        x = self.norm(h)
+        return self.lm_head(x) if "lm_head" in self else lm_head(target, x, softcap=False)
 
     def to_target(self, draft_ids: mx.array) -> mx.array:
         return draft_ids + self.d2t[draft_ids]
@@ -176,40 +299,74 @@ def save_eagle3(drafter: Eagle3Drafter, path: Path, dtype=mx.bfloat16) -> None:
     write_checkpoint(path, drafter.config.to_json(), {**dict(tree_flatten(drafter.parameters())), "t2d": t2d}, dtype)
 
 
+def _rename(k: str) -> str:
+    # SafeAILab's midlayer.* is the speculators layers.0.*; drop a model. prefix
+    k = k.removeprefix("model.")
+    return "layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k
+
+
 def load_eagle3(path: Path, target: nn.Module) -> Eagle3Drafter:
     """Load and validate an EAGLE-3 drafter (speculators or SafeAILab layout); DrafterError on any mismatch."""
     path = Path(path)
     c = Eagle3Config.from_json(read_config(path, "an EAGLE-3 drafter"), str(path / "config.json"))
     n, h, vocab = num_layers(target), hidden_size(target), vocab_size(target)
-    if c.aux_layer_ids is None:
-        c.aux_layer_ids = default_aux_layers(n)
-    if len(c.aux_layer_ids) != 3 or not all(1 <= i <= n for i in c.aux_layer_ids):
-        raise DrafterError(f"eagle_aux_hidden_state_layer_ids {list(c.aux_layer_ids)} must be 3 layer ids in 1..{n} "
-                           "(layer i's input = the output of layer i-1)")
-    if c.target_hidden_size != h:
-        raise DrafterError(f"target_hidden_size {c.target_hidden_size} != target hidden size {h}")
-    if c.hidden_size != h:
-        raise DrafterError(f"drafter hidden_size {c.hidden_size} != target hidden size {h}: the drafter reads "
-                           "the target's token embeddings")
-    if c.vocab_size != vocab:
-        raise DrafterError(f"drafter vocab_size {c.vocab_size} != target vocab size {vocab}")
-    def rename(k):  # SafeAILab's midlayer.* is the speculators layers.0.*
-        k = k.removeprefix("model.")
-        return "layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k
-
-    weights = read_tensors(path, rename)
-    drafter = Eagle3Drafter(c)
-    check_tensors(weights, {k: v.shape for k, v in tree_flatten(drafter.parameters())}, "EAGLE-3", path)
-    d2t = weights["d2t"].astype(mx.int64)
-    targets = mx.arange(c.draft_vocab_size) + d2t
-    if mx.any((targets < 0) | (targets >= vocab)).item():
-        raise DrafterError(f"d2t maps draft ids outside the target vocab (0..{vocab - 1})")
+    weights = read_tensors(path, _rename)
+    _check_shapes(c, weights, n, h, vocab, path)
+    if c.qk_norm is None:  # no model_type: Qwen3-type layers carry q/k norms
+        c.qk_norm = "layers.0.self_attn.q_norm.weight" in weights
+    own_head = "lm_head.weight" in weights
+    if not own_head and c.draft_vocab_size != vocab:
+        raise DrafterError(f"{path}: lm_head.weight is missing and the draft vocabulary ({c.draft_vocab_size}) is not "
+                           f"the target's ({vocab}), so the target's head cannot stand in")
+    drafter = Eagle3Drafter(c, own_embedding="embed_tokens.weight" in weights, own_head=own_head)
+    expected = {k: tuple(v.shape) for k, v in tree_flatten(drafter.parameters()) if k != "d2t"}
+    check_tensors(weights, expected, "EAGLE-3", path)
+    refuse_unknown(weights, {*expected, "d2t", "t2d"}, "tensor(s)", path,
+                   "this drafter has parts the engine would not run; use an EAGLE-3 checkpoint in a supported layout")
+    d2t = _draft_to_target(c, weights, vocab, path)
     dtype = activation_dtype(target)
-    drafter.load_weights([(k, d2t if k == "d2t" else weights[k].astype(dtype))
-                          for k, _ in tree_flatten(drafter.parameters())])
+    drafter.load_weights([("d2t", d2t), *((k, weights[k].astype(dtype)) for k in expected)])
     drafter.eval()
     mx.eval(drafter.parameters())
     return drafter
+
+
+def _check_shapes(c: Eagle3Config, weights: dict, n: int, h: int, vocab: int, path: Path) -> None:
+    if c.aux_layer_ids is None:
+        c.aux_layer_ids = default_aux_layers(n)
+    ids = c.aux_layer_ids
+    if len(set(ids)) != len(ids) or not all(1 <= i <= n for i in ids):
+        raise DrafterError(f"eagle_aux_hidden_state_layer_ids {list(ids)} must be distinct layer ids in 1..{n} "
+                           "(layer i's input = the output of layer i-1)")
+    c.aux_layer_ids = tuple(sorted(ids))  # features are concatenated in layer order
+    if c.target_hidden_size != h:
+        raise DrafterError(f"target_hidden_size {c.target_hidden_size} != target hidden size {h}")
+    fc = weights.get("fc.weight")
+    if fc is not None and fc.shape[-1] != len(ids) * c.target_hidden_size:
+        raise DrafterError(f"fc.weight takes {fc.shape[-1]} inputs, but {len(ids)} aux layers x target hidden "
+                           f"{c.target_hidden_size} = {len(ids) * c.target_hidden_size}: set "
+                           "eagle_aux_hidden_state_layer_ids to the layers this drafter was trained on")
+    if c.hidden_size != h and "embed_tokens.weight" not in weights:
+        raise DrafterError(f"drafter hidden_size {c.hidden_size} != target hidden size {h} and the checkpoint has no "
+                           "embed_tokens of its own to embed tokens with")
+    if c.vocab_size != vocab:
+        raise DrafterError(f"drafter vocab_size {c.vocab_size} != target vocab size {vocab}")
+
+
+def _draft_to_target(c: Eagle3Config, weights: dict, vocab: int, path: Path) -> mx.array:
+    """d2t as stored, or the identity where the draft vocabulary is the target's (no d2t written)."""
+    if "d2t" not in weights:
+        if c.draft_vocab_size != vocab:
+            raise DrafterError(f"d2t is missing from {path}: needed to map a {c.draft_vocab_size}-token draft "
+                               f"vocabulary onto the target's {vocab}")
+        return mx.zeros((c.draft_vocab_size,), dtype=mx.int64)
+    d2t = weights["d2t"].astype(mx.int64)
+    if d2t.shape != (c.draft_vocab_size,):
+        raise DrafterError(f"d2t has shape {tuple(d2t.shape)}, the draft vocabulary is {c.draft_vocab_size}")
+    targets = mx.arange(c.draft_vocab_size) + d2t
+    if mx.any((targets < 0) | (targets >= vocab)).item():
+        raise DrafterError(f"d2t maps draft ids outside the target vocab (0..{vocab - 1})")
+    return d2t
 
 
 # ---------------------------------------------------------------- the engine
@@ -246,26 +403,31 @@ class Eagle3(Engine):
     def prefill(self, prompt):
         self.prompt_len = len(prompt)
         logits = self.target.prefill(prompt)
-        self.features = [self.target.hidden]  # [1, n, 3H] target features not yet in the drafter cache
-        self.cache = KVCache()
+        self.features = [self.target.hidden]  # [1, n, A*H] target features not yet in the drafter cache
+        self.dcache = self.drafter.make_cache()
         return logits
+
+    def _embed(self, ids: mx.array) -> mx.array:
+        # [1, T] ids -> [1, T, H]: the drafter's own embedding where its checkpoint has one, else the target's
+        return self.drafter.embed_tokens(ids) if "embed_tokens" in self.drafter else embed(self.target.model, ids)
 
     def _commit_pass(self, history) -> mx.array:
         """Feed the newly verified positions (feature t, token t+1) into the drafter cache;
-        returns the last output feature [1, 1, H] (it predicts the token after pending)."""
+        returns the last (pre-norm) output [1, 1, H] (it predicts the token after pending)."""
         feats = self.features[0] if len(self.features) == 1 else mx.concatenate(self.features, axis=1)
         self.features = []
-        start = self.cache.offset
-        e = embed(self.target.model, mx.array([history[start + 1:]], dtype=mx.int32))
-        return self.drafter.step(e, self.drafter.fc(feats), self.cache, start)[:, -1:]
+        start = self.dcache[0].offset
+        e = self._embed(mx.array([history[start + 1:]], dtype=mx.int32))
+        return self.drafter.step(e, self.drafter.fuse(feats), self.dcache, start)[:, -1:]
 
     def draft(self, history):
         depth = self.depth
         root = self._commit_pass(history)
         self.prof.mark("commit_pass", root)
-        committed = self.cache.offset
+        committed = self.dcache[0].offset
         draft = (self._tree if self.tree_mode else self._chain)(history, root, depth)
-        trim_attention(self.cache, self.cache.offset - committed)  # tree/chain entries were drafts
+        for c in self.dcache:
+            trim_attention(c, c.offset - committed)  # tree/chain entries were drafts
         self.prof.mark("tree_expand", draft.tokens)
         return draft
 
@@ -273,7 +435,7 @@ class Eagle3(Engine):
         """One drafter step for the frontier nodes, all at position `pos`, their K/V appended to
         the drafter cache after the n_prev tree entries already there; [1, F, H]."""
         F = len(frontier)
-        e = embed(self.target.model, mx.take(tokens, mx.array(frontier))[None])  # [1, F, H]
+        e = self._embed(mx.take(tokens, mx.array(frontier))[None])  # [1, F, H]
         feats = mx.concatenate([nodes[nodes[f].parent].feature if nodes[f].parent >= 0 else self._root
                                 for f in frontier], axis=1)
         tree = [[False] * n_prev for _ in frontier]
@@ -282,18 +444,25 @@ class Eagle3(Engine):
             while p >= 0:
                 row[nodes[p].kv_slot] = True
                 p = nodes[p].parent
-        context = self.cache.offset - n_prev
-        mask = mx.concatenate([mx.ones((F, context), dtype=mx.bool_), mx.array(tree, dtype=mx.bool_).reshape(F, n_prev),
-                               mx.eye(F, dtype=mx.bool_)], axis=1)  # [F, C + n_prev + F]
-        out = self.drafter.step(e, feats, self.cache, pos, mask=mask)
+        context = self.dcache[0].offset - n_prev
+        nodes_part = mx.concatenate([mx.array(tree, dtype=mx.bool_).reshape(F, n_prev), mx.eye(F, dtype=mx.bool_)],
+                                    axis=1)
+
+        def mask(window):  # [F, C + n_prev + F]: the committed context (within a window), ancestors, self
+            seen = mx.ones((F, context), dtype=mx.bool_) if not window else \
+                mx.broadcast_to(pos - mx.arange(context) < window, (F, context))
+            return mx.concatenate([seen, nodes_part], axis=1)
+
+        out = self.drafter.step(e, feats, self.dcache, pos, tree=mask)
+        feature = self.drafter.next_feature(out)
         for j, f in enumerate(frontier):
-            nodes[f].feature, nodes[f].kv_slot = out[:, j:j + 1], n_prev + j
+            nodes[f].feature, nodes[f].kv_slot = feature[:, j:j + 1], n_prev + j
         return out
 
     def _tree(self, history, root, depth) -> Draft:
-        self._root = root
+        self._root = self.drafter.next_feature(root)
         pending_pos = len(history) - 1
-        lp = self.drafter.logprobs(root[0, 0])  # [Vd]
+        lp = self.drafter.logprobs(root[0, 0], self.target.model)  # [Vd]
         top = mx.argsort(-lp)[: self.top_k]
         ids = [self.drafter.to_target(top)]  # node i's target id is concat(ids)[i]; ids stay on the device
         nodes = [_Node(-1, s, 1) for s in lp[top].tolist()]
@@ -301,7 +470,7 @@ class Eagle3(Engine):
         for d in range(2, depth + 1):
             out = self._expand(nodes, frontier, mx.concatenate(ids), pending_pos + d - 2, n_prev)  # [1, F, H]
             n_prev += len(frontier)
-            lp = self.drafter.logprobs(out[0])  # [F, Vd]
+            lp = self.drafter.logprobs(out[0], self.target.model)  # [F, Vd]
             top = mx.argsort(-lp, axis=-1)[:, : self.top_k]  # [F, k]
             scores = mx.take_along_axis(lp, top, axis=-1) + mx.array([nodes[f].score for f in frontier])[:, None]
             ids.append(self.drafter.to_target(top).reshape(-1))
@@ -335,8 +504,9 @@ class Eagle3(Engine):
         tokens, qs, h = [], [], root
         for d in range(1, depth + 1):
             if d > 1:  # the previous draft with the feature that predicted it, at its parent's position
-                h = self.drafter.step(embed(self.target.model, tokens[-1][None]), h, self.cache, pending_pos + d - 2)
-            logits = self.drafter.lm_head(self.drafter.norm(h[0, -1]))[None]  # [1, Vd]
+                h = self.drafter.step(self._embed(tokens[-1][None]), self.drafter.next_feature(h), self.dcache,
+                                      pending_pos + d - 2)
+            logits = self.drafter.logits(h[0, -1], self.target.model)[None]  # [1, Vd]
             pick, q_draft = self.sampler.propose(logits, pos_out + d - 1)
             if sampling:  # q over the target vocabulary, for speculative sampling
                 qs.append(mx.zeros((1, self.drafter.config.vocab_size)).at[:, self.draft_ids].add(q_draft))
@@ -362,7 +532,7 @@ class Eagle3(Engine):
             self.features.append(self.verified_features[:, : n_accepted + 1])
 
     def caches(self):
-        return [*super().caches(), *([self.cache] if hasattr(self, "cache") else [])]
+        return [*super().caches(), *getattr(self, "dcache", [])]
 
     def describe(self):
         c = self.drafter.config
@@ -370,4 +540,9 @@ class Eagle3(Engine):
                 "tree_path": "chain (hybrid target)" if self.hybrid else "tree (greedy); chain when sampling",
                 "depth": self.depth, "top_k": self.top_k,
                 "total_tokens": self.total, "aux_layer_ids": list(c.aux_layer_ids),
-                "draft_vocab_size": c.draft_vocab_size, "layout": c.layout}
+                "draft_vocab_size": c.draft_vocab_size, "layout": c.layout, "drafter_layers": c.num_hidden_layers,
+                "layer_type": "qwen3" if c.qk_norm else "llama", "layer_types": list(c.layer_types),
+                "sliding_window": c.sliding_window, "norm_before_residual": c.norm_before_residual,
+                "norm_before_fc": c.norm_before_fc, "fc_norm": c.fc_norm, "norm_output": c.norm_output,
+                "rope_theta": c.rope_theta, "own_embedding": "embed_tokens" in self.drafter,
+                "own_lm_head": "lm_head" in self.drafter}

@@ -205,7 +205,7 @@ def train_eagle3(name: str, log=print):
 
     def loss_fn(d, rows):
         x, f = xs[rows], hs[rows]  # [B, SEQ], [B, SEQ, 3H]
-        out = d.step(embed(target, x[:, 1:]), d.fc(f[:, :-1]), None, 0)  # position t: (f_t, token t+1)
+        out = d.step(embed(target, x[:, 1:]), d.fuse(f[:, :-1]), None, 0)  # position t: (f_t, token t+1)
         labels = to_draft[preds[rows][:, 1:]]  # the target's choice for t+2, in draft ids
         ce = nn.losses.cross_entropy(d.lm_head(d.norm(out)), mx.maximum(labels, 0), reduction="none")
         valid = labels >= 0

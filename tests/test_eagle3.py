@@ -136,7 +136,10 @@ def test_speculators_and_safeailab_layouts_load_the_same_drafter(models, tmp_pat
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda c, w: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 9]), "must be 3 layer ids in 1..4"),
+    (lambda c, w: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 9]), "must be distinct layer ids in 1..4"),
+    (lambda c, w: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 3, 4]), "fc.weight takes 384 inputs"),
+    (lambda c, w: w.update({"layers.1.mlp.up_proj.weight": w["fc.weight"]}), "tensor(s) layers.1.mlp.up_proj.weight not implemented"),
+    (lambda c, w: c.update(shiny_new_feature=True), "config field(s) shiny_new_feature not implemented"),
     (lambda c, w: c.update(target_hidden_size=64), "target_hidden_size 64 != target hidden size 128"),
     (lambda c, w: w.pop("fc.weight"), "fc.weight is missing"),
     (lambda c, w: w.update(d2t=w["d2t"] + 5000), "d2t maps draft ids outside the target vocab"),
