@@ -174,7 +174,10 @@ def resolve_drafter(cfg, kind: str) -> str:
     if spec is None and kind == "mtp":
         from harness.models import resolve_model
 
-        return str(resolve_model(cfg.arch.model))  # MTP weights live in the target checkpoint itself
+        model = cfg.arch.model
+        if model.startswith("fixture:"):  # a quantized fixture keeps its MTP head in the original, as mlx-lm drops it
+            model = "fixture:" + fixtures.original(model.split(":", 1)[1])[0]
+        return str(resolve_model(model))  # MTP weights live in the target checkpoint itself
     if spec is None and cfg.arch.model.startswith("scale:") and kind == "dflash":
         spec = cfg.arch.model  # the preset's random drafter, built beside it
     if spec is None:

@@ -120,19 +120,50 @@ def home() -> Path:
     return Path(os.environ.get("SPEC_HARNESS_HOME", Path.home() / ".cache" / "spec-harness"))
 
 
+# Quantized variants, `<fixture>-q4` / `<fixture>-q8`: mlx-lm's own quantization of the fixture,
+# saved as mlx-lm's convert saves it (what most MLX users download). Drafters and the MTP head
+# come from the original fixture, as they would from the original checkpoint.
+QUANTIZED = {"q4": 4, "q8": 8}
+
+
+def original(name: str) -> tuple[str, int | None]:
+    """(the fixture a name is built from, its quantization bits or None)."""
+    base, _, suffix = name.rpartition("-")
+    return (base, QUANTIZED[suffix]) if base in FIXTURES and suffix in QUANTIZED else (name, None)
+
+
 def fixture_dir(name: str) -> Path:
-    """Path of the fixture checkpoint `name`, building it on first use."""
-    if name not in FIXTURES:
-        raise KeyError(f"unknown fixture {name!r}; available: {', '.join(fixture_names())}")
-    dest = home() / "fixtures" / f"{name}-{_spec_hash(name)}"
+    """Path of the fixture checkpoint `name` (or its quantized variant), building it on first use."""
+    base, bits = original(name)
+    if base not in FIXTURES:
+        raise KeyError(f"unknown fixture {name!r}; available: {', '.join(fixture_names())} "
+                       f"(and each as -{' / -'.join(QUANTIZED)})")
+    dest = home() / "fixtures" / f"{name}-{_spec_hash(base)}"
     if not (dest / "config.json").exists():
-        _build_atomically(name, dest)
+        build = None if bits is None else (lambda tmp: quantize_checkpoint(fixture_dir(base), tmp, bits))
+        _build_atomically(name, dest, build)
     return dest
+
+
+def quantize_checkpoint(src: Path, dest: Path, bits: int, group_size: int = 64) -> None:
+    """`src` quantized with mlx-lm's quantize_model and saved as mlx_lm.convert saves it."""
+    import mlx_lm
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    model, _ = mlx_lm.load(str(src))
+    config = json.loads((src / "config.json").read_text())
+    model, config = quantize_model(model, config, group_size=group_size, bits=bits)
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copyfile(src / f, dest / f)
+    save_model(dest, model)
+    save_config(config, dest / "config.json")
 
 
 def drafter_dir(kind: str, name: str) -> Path:
     """Path of the fixture drafter `kind` (dflash) for fixture `name`, assembled on first use."""
     specs = {"dflash": DFLASH, "eagle3": EAGLE3}
+    name = original(name)[0]  # a quantized variant drafts with its original's drafters
     if kind not in specs or name not in specs[kind]:
         raise KeyError(f"no {kind} drafter for fixture {name!r}; available: "
                        f"{', '.join(f'{k}:{n}' for k, v in specs.items() for n in v)}")

@@ -24,9 +24,10 @@ def resolve_model(spec: str) -> Path:
     """The checkpoint directory `spec` names; raises ConfigError naming the fix."""
     if spec.startswith("fixture:"):
         name = spec.split(":", 1)[1]
-        if name not in fixtures.FIXTURES:
+        if fixtures.original(name)[0] not in fixtures.FIXTURES:
             raise ConfigError(f"unknown fixture {name!r} in arch.model; available: "
-                              f"{', '.join('fixture:' + n for n in fixtures.fixture_names())}")
+                              f"{', '.join('fixture:' + n for n in fixtures.fixture_names())} "
+                              f"(each also quantized: fixture:<name>-q4, fixture:<name>-q8)")
         return fixtures.fixture_dir(name)
     if spec.startswith("scale:"):
         from harness import scale

@@ -68,7 +68,7 @@ def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
     try:
         model, tokenizer, ckpt = load_target(cfg.arch.model, cfg.arch.dtype)
         record["model"] = {"path": str(ckpt), "model_type": getattr(model, "model_type", None),
-                           "dtype": model_dtype(model)}
+                           "dtype": model_dtype(model), "quantization": _quantization(ckpt)}
         _check_supported(model, cfg, record["env"])
         record["ceiling"] = decode_ceiling(model)
         arms = _build_arms(model, tokenizer, cfg)
@@ -91,6 +91,14 @@ def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
                           traceback=traceback.format_exc(limit=-8))
     record["wall_s"] = round(time.perf_counter() - t0, 3)
     return record
+
+
+def _quantization(ckpt) -> dict | None:
+    """bits / group size of an mlx-lm quantized checkpoint (its config's `quantization`), else None."""
+    import json
+
+    q = json.loads((Path(ckpt) / "config.json").read_text()).get("quantization")
+    return {k: q[k] for k in ("bits", "group_size", "mode") if k in q} if q else None
 
 
 def decode_ceiling(model) -> dict:
@@ -137,7 +145,9 @@ def _check_supported(model, cfg, env: dict) -> None:
     if env["backend"] == "cpu" and cfg.arch.dtype not in ("float32", "native") and has_moe(model):
         raise Unsupported(f"MoE experts (GatherMM) run only in float32 on the mlx CPU backend; "
                           f"arch.dtype={cfg.arch.dtype} needs a GPU (or use arch.dtype=float32)")
-    shared = getattr(getattr(model, "args", None), "num_kv_shared_layers", 0) or 0
+    from engines.hidden import text_model
+
+    shared = getattr(getattr(text_model(model), "args", None), "num_kv_shared_layers", 0) or 0
     if cfg.kv.name in ("q8", "q4") and shared > 0:
         raise Unsupported(f"mlx-lm cannot quantize the KV cache of a model whose last {shared} layers share "
                           "KV with earlier ones (they receive packed tuples); use kv=native/float16/bfloat16")

@@ -18,6 +18,13 @@ CELL_COLUMNS = ["arch", "method", "block_size", "kv", "reference", "status", "ba
                 "cell_id", "path"]
 
 
+def model_dtype(rec: dict) -> str | None:
+    """The weights' dtype as a table names it: float dtype, plus q<bits> for a quantized checkpoint."""
+    model = rec.get("model", {})
+    q = model.get("quantization")
+    return f"{model.get('dtype')} q{q['bits']}" if q else model.get("dtype")
+
+
 def _records(root: Path) -> list[tuple[Path, dict]]:
     return list(iter_records(root))
 
@@ -29,7 +36,7 @@ def arch_labels(records) -> dict[str, str]:
     seen: dict[str, set] = {}
     for _, rec in records:
         model = rec.get("model", {})
-        seen.setdefault(rec["cell"]["arch"]["name"], set()).add((model.get("path"), model.get("dtype")))
+        seen.setdefault(rec["cell"]["arch"]["name"], set()).add((model.get("path"), model_dtype(rec)))
     labels = {}
     for _, rec in records:
         name, model = rec["cell"]["arch"]["name"], rec.get("model", {})
@@ -38,7 +45,7 @@ def arch_labels(records) -> dict[str, str]:
         if len({p for p, _ in variants}) > 1:
             parts.append(Path(model.get("path") or "?").name)
         if len({d for _, d in variants}) > 1:
-            parts.append(model.get("dtype") or "?")
+            parts.append(model_dtype(rec) or "?")
         labels[rec["cell_id"]] = f"{name} [{', '.join(parts)}]" if parts else name
     return labels
 
@@ -62,7 +69,7 @@ def cells(root: Path, records=None) -> pd.DataFrame:
         env, summary = rec.get("env", {}), rec.get("summary", {})
         row = {**_keys(rec, labels), "reference": rec["cell"].get("reference") or "base",
                "status": rec.get("status"), "reason": rec.get("reason"),
-               "model_type": rec.get("model", {}).get("model_type"), "dtype": rec.get("model", {}).get("dtype"),
+               "model_type": rec.get("model", {}).get("model_type"), "dtype": model_dtype(rec),
                "rollback": rec.get("engine", {}).get("rollback"), "backend": env.get("backend"),
                "blas_kind": env.get("blas_kind"), "cell_id": rec["cell_id"], "path": str(path)}
         row.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
