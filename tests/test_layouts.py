@@ -328,3 +328,15 @@ def _state_dict_pickle(records: dict) -> bytes:
         out.append(b"\x89ccollections\nOrderedDict\n)RtRs")  # False, hooks; args tuple; REDUCE; SETITEM
     out.append(b".")
     return b"".join(out)
+
+
+def test_new_layouts_run_to_ok_records_from_the_command_line(tmp_path):
+    from tests.test_cli import QUICK, harness, records
+
+    out = tmp_path / "out"
+    for method, path in (("eagle3", _speculators_new(tmp_path)), ("dflash_a", _dflash_new_schema(tmp_path)),
+                         ("eagle3", _safeailab_bin(tmp_path))):
+        r = harness("arch=llama", f"method={method}", f"method.drafter={path}", *QUICK, f"out_dir={out / path.name}")
+        assert r.returncode == 0, r.stderr
+        (rec,) = records(out / path.name).values()
+        assert rec["status"] == "ok" and rec["summary"]["diverged_prompts"] == 0, rec.get("reason")
