@@ -50,6 +50,7 @@ class BenchConfig:
     suite: str = "builtin"  # "builtin" or a local .jsonl ({"turns": [...]} or Spec-Bench question.jsonl)
     categories: List[str] = field(default_factory=list)  # keep only these categories; empty = all
     max_prompts: Optional[int] = None  # first N prompts after filtering; null = all
+    per_category: Optional[int] = None  # first N prompts of each category (before max_prompts); null = all
     max_new_tokens: int = 64
     warmup: int = 1  # untimed generations per arm before timing (first calls compile)
     warmup_scope: str = "auto"  # first: before the first prompt; every: before each prompt; auto: every on GPUs
@@ -156,8 +157,9 @@ def validate(cfg) -> None:
             raise ConfigError(f"bench.{key}={getattr(b, key)} is not valid; it must be >= {low}")
     if b.temperature < 0:
         raise ConfigError(f"bench.temperature={b.temperature} is not valid; use 0 (greedy) or a positive value")
-    if b.max_prompts is not None and b.max_prompts < 1:
-        raise ConfigError(f"bench.max_prompts={b.max_prompts} is not valid; use null (all) or a count >= 1")
+    for key in ("max_prompts", "per_category"):
+        if getattr(b, key) is not None and getattr(b, key) < 1:
+            raise ConfigError(f"bench.{key}={getattr(b, key)} is not valid; use null (all) or a count >= 1")
 
 
 def knobs_of(method_name: str) -> tuple[str, ...]:

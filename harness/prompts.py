@@ -25,8 +25,10 @@ class Prompt:
     turns: tuple[str, ...]  # user turns; turn j > 0 follows the reference answers to turns < j
 
 
-def load_suite(spec: str, categories=(), max_prompts: int | None = None) -> list[Prompt]:
-    """Prompts of `spec` ("builtin" or a .jsonl path), filtered; raises ConfigError."""
+def load_suite(spec: str, categories=(), max_prompts: int | None = None,
+               per_category: int | None = None) -> list[Prompt]:
+    """Prompts of `spec` ("builtin" or a .jsonl path), filtered (categories, then the first
+    `per_category` of each, then the first `max_prompts`); raises ConfigError."""
     path = BUILTIN if spec == "builtin" else Path(spec).expanduser()
     prompts = _read_jsonl(path)
     if categories:
@@ -36,7 +38,19 @@ def load_suite(spec: str, categories=(), max_prompts: int | None = None) -> list
             raise ConfigError(f"bench.categories has {', '.join(missing)} not in {path}; "
                               f"its categories are: {', '.join(known)}")
         prompts = [p for p in prompts if p.category in categories]
+    if per_category:
+        prompts = _first_of_each_category(prompts, per_category)
     return prompts[:max_prompts] if max_prompts else prompts
+
+
+def _first_of_each_category(prompts: list[Prompt], n: int) -> list[Prompt]:
+    seen: dict[str, int] = {}
+    kept = []
+    for p in prompts:
+        seen[p.category] = seen.get(p.category, 0) + 1
+        if seen[p.category] <= n:
+            kept.append(p)
+    return kept
 
 
 def _read_jsonl(path: Path) -> list[Prompt]:

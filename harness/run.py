@@ -37,7 +37,7 @@ def run_cell(cfg) -> Path | None:
     """Measure the cell `cfg` names and write its record; returns the record path."""
     validate(cfg)
     resolve_model(cfg.arch.model)
-    prompts = load_suite(cfg.bench.suite, list(cfg.bench.categories), cfg.bench.max_prompts)
+    prompts = load_suite(cfg.bench.suite, list(cfg.bench.categories), cfg.bench.max_prompts, cfg.bench.per_category)
     cell = canonical_cell(cfg)
     cid = cell_id(cell)
     path = Path(cfg.out_dir) / f"{cid}.json"

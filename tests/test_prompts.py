@@ -60,3 +60,12 @@ def test_missing_and_unreadable_prompt_files(tmp_path):
 def test_unknown_category_lists_the_known_ones(tmp_path):
     with pytest.raises(ConfigError, match="its categories are: code"):
         load_suite("builtin", categories=["poetry"])
+
+
+def test_per_category_keeps_the_first_prompts_of_every_category():
+    every = load_suite("builtin")
+    one = load_suite("builtin", per_category=1)
+    assert [p.category for p in one] == list(dict.fromkeys(p.category for p in every))
+    assert all(p.id == next(q for q in every if q.category == p.category).id for p in one)
+    assert len(load_suite("builtin", per_category=2)) == 2 * len(one) and len(load_suite("builtin", per_category=1,
+                                                                                          max_prompts=3)) == 3
