@@ -38,6 +38,7 @@ class Target:
         self.kv, self.kv_group_size, self.strategy = kv, kv_group_size, rollback
         self.hidden_layers: tuple[int, ...] = ()  # layer outputs to keep from every forward (set by drafters)
         self.hidden: mx.array | None = None  # [1, T, len(hidden_layers) * H] of the last forward
+        self.fed_tokens = 0  # tokens fed through the model since this Target was made: work, not time
         self.vocab_size = vocab_size(model)
         self.reset()
 
@@ -55,6 +56,7 @@ class Target:
     def _feed(self, ids: mx.array) -> mx.array:
         # [T] ids -> [1, T, V] logits; caches advance, offset bookkeeping is the caller's.
         inputs = ids[None]
+        self.fed_tokens += ids.shape[0]
         if not self.hidden_layers:
             return self.model(inputs, cache=self.cache)
         with capture_hidden(self.model, self.hidden_layers) as sink:

@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -108,6 +109,7 @@ def environment() -> dict:
     backend = "metal" if mx.metal.is_available() else ("cuda" if mx.cuda.is_available() else "cpu")
     blas = blas_library() if backend == "cpu" else None
     return {
+        "host": socket.gethostname(), "cpus": os.cpu_count(),
         "mlx": _version("mlx"), "mlx_lm": _version("mlx-lm"), "mlx_backend_pkg": _version("mlx-cuda-13") or _version("mlx-cpu"),
         "python": platform.python_version(), "platform": platform.platform(),
         "machine": platform.machine(), "processor": _cpu_name(),
@@ -153,3 +155,47 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+class LoadMeter:
+    """What else ran on this machine while a cell was measured.
+
+    other_cpu_share: CPU time the machine spent busy outside this process (from /proc/stat
+    and this process's own CPU time), as a share of all its cores over the cell's wall time.
+    A paired ratio survives steady background load better than absolute tok/s, but not load
+    that comes and goes between reps; the report warns above LOAD_WARN."""
+
+    def __enter__(self):
+        self.t0, self.own0, self.busy0 = time.perf_counter(), time.process_time(), _machine_busy()
+        self.loadavg_before = _loadavg()
+        return self
+
+    def __exit__(self, *exc):
+        wall = time.perf_counter() - self.t0
+        own, busy = time.process_time() - self.own0, _machine_busy()
+        share = None
+        if busy is not None and self.busy0 is not None and wall > 0:
+            share = max(0.0, (busy - self.busy0 - own) / (wall * (os.cpu_count() or 1)))
+        self.record = {"loadavg_before": self.loadavg_before, "loadavg_after": _loadavg(),
+                       "other_cpu_share": share, "cpus": os.cpu_count()}
+        return False
+
+
+LOAD_WARN = 0.2  # other processes busy on more than a fifth of the machine
+
+
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _machine_busy() -> float | None:
+    # Seconds all CPUs spent busy since boot (/proc/stat: every field but idle and iowait).
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:8]) - fields[3] - fields[4]) / hz

@@ -176,18 +176,21 @@ def calibrate(target: Target, ids: list[int], block: int, n: int = 7) -> dict:
 
 
 def context_scaling(engine: Engine, ids: list[int], sampler: Sampler, new_tokens: int = 8) -> dict:
-    """Mean verify ms per round at the prompt's context and at a 4x longer one (profiled runs).
-
-    Incremental verify (most methods) should stay flat; a method that re-reads the
-    whole context every round (dflash_c) grows with it."""
+    """Verify cost per round at the prompt's context and at a 4x longer one (profiled runs):
+    mean verify ms, and the tokens the target was fed per round (work, independent of timing
+    noise). Incremental verify (most methods) stays flat; a method that re-reads the whole
+    context every round (dflash_c) grows with it."""
     out = {}
     for label, context in (("short", ids), ("long", (ids * 4)[: max(4 * len(ids), 64)])):
         run_generation(engine, context, new_tokens, sampler)  # warm-up: new shapes compile on GPU backends
+        fed = engine.target.fed_tokens
         gen = run_generation(engine, context, new_tokens, sampler, profile=True)
         verify = [r.phases["verify"] for r in gen.rounds if r.phases]
-        out[label] = {"context": len(context), "verify_ms": 1e3 * statistics.mean(verify) if verify else None}
+        out[label] = {"context": len(context), "verify_ms": 1e3 * statistics.mean(verify) if verify else None,
+                      "fed_per_round": (engine.target.fed_tokens - fed - len(context)) / max(len(gen.rounds), 1)}
     if out["short"]["verify_ms"] and out["long"]["verify_ms"]:
         out["growth"] = out["long"]["verify_ms"] / out["short"]["verify_ms"]
+    out["fed_growth"] = out["long"]["fed_per_round"] / out["short"]["fed_per_round"]
     return out
 
 

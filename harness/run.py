@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from engines.base import DrafterError, Unsupported, get_engine
 from engines.target import Target
 from harness.config import ConfigError, resolve_drafter, validate
-from harness.env import STREAM_PROBE, environment, stream_rate
+from harness.env import STREAM_PROBE, LoadMeter, environment, stream_rate
 from harness.measure import Arms, measure_cell
 from harness.models import has_moe, load_target, model_dtype, resolve_model, weight_bytes
 from harness.progress import PROGRESS
@@ -75,7 +75,9 @@ def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
         record["cache"] = vars(arms.method.target.layout)
         started = time.perf_counter()
         progress = lambda done, total: log(f"  turn {done}/{total}  {time.perf_counter() - started:.1f}s")
-        record.update(measure_cell(arms, tokenizer, prompts, cfg.bench, progress))
+        with LoadMeter() as load:
+            record.update(measure_cell(arms, tokenizer, prompts, cfg.bench, progress))
+        record["load"] = load.record
         record["engine"] = arms.method.describe()  # after measuring: rollback=auto has picked its strategy
         record["status"] = "ok"
     except ConfigError:

@@ -71,7 +71,9 @@ def cells(root: Path, records=None) -> pd.DataFrame:
                "status": rec.get("status"), "reason": rec.get("reason"),
                "model_type": rec.get("model", {}).get("model_type"), "dtype": model_dtype(rec),
                "rollback": rec.get("engine", {}).get("rollback"), "backend": env.get("backend"),
-               "blas_kind": env.get("blas_kind"), "cell_id": rec["cell_id"], "path": str(path)}
+               "blas_kind": env.get("blas_kind"), "host": env.get("host"),
+               "other_cpu_share": (rec.get("load") or {}).get("other_cpu_share"),
+               "cell_id": rec["cell_id"], "path": str(path)}
         row.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
         row["per_position_acceptance"] = summary.get("per_position_acceptance")
         ceiling = rec.get("ceiling") or {}

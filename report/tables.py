@@ -84,8 +84,28 @@ def arch_tables(df: pd.DataFrame) -> str:
     parts = []
     for arch, sub in df.groupby("arch", sort=True):
         kinds = sorted({f"{a} {b}" for a, b in zip(sub["model_type"].fillna("?"), sub["dtype"].fillna("?"))})
-        parts.append(f"### {arch} ({', '.join(kinds)})\n\n{ceiling_line(sub)}{cell_table(sub)}\n")
+        parts.append(f"### {arch} ({', '.join(kinds)})\n\n{ceiling_line(sub)}{conditions_line(sub)}"
+                     f"{cell_table(sub)}\n")
     return "\n".join(parts)
+
+
+def conditions_line(df: pd.DataFrame) -> str:
+    """Warnings about where the cells ran: under background load, or on several hosts."""
+    from harness.env import LOAD_WARN
+
+    notes = []
+    hosts = sorted(h for h in df["host"].dropna().unique()) if "host" in df else []
+    if len(hosts) > 1:
+        notes.append(f"This table mixes {len(hosts)} hosts ({', '.join(hosts)}): each speedup is paired within "
+                     "its own cell and host; compare tok/s across rows only as ratios.")
+    loaded = df[pd.to_numeric(df.get("other_cpu_share"), errors="coerce") > LOAD_WARN] \
+        if "other_cpu_share" in df else df.iloc[:0]
+    if len(loaded):
+        worst = loaded["other_cpu_share"].astype(float).max()
+        cells = ", ".join(f"{r['method']} b{_fmt(r['block_size'], 'd')} {r['kv']}" for _, r in loaded.iterrows())
+        notes.append(f"**Measured under load**: other processes kept up to {worst:.0%} of the CPUs busy during "
+                     f"{len(loaded)} cell(s) ({cells}); their tok/s and ratios are less trustworthy.")
+    return "".join(f"{n}\n\n" for n in notes)
 
 
 def profile_table(prof: pd.DataFrame) -> str:
@@ -110,7 +130,8 @@ def model_table(df: pd.DataFrame) -> str:
         rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"], _fmt(r["acceptance_rate"], ".3f"),
                      _fmt(r["iid_acceptance"], ".3f"), _fmt(r["tau"], ".2f"),
                      _fmt(r["verify_cost_ratio"], ".2f"), _fmt(r["round_cost_ratio"], ".2f"),
-                     _fmt(r["predicted_speedup"], ".3f"), _fmt(r["speedup"], ".3f"),
+                     _fmt(r["predicted_speedup"], ".3f"),
+                     _fmt(r["speedup"], ".3f") if r.get("reference", "base") == "base" else f"- (vs {r['reference']})",
                      "never" if pd.isna(r["break_even_acceptance"]) else _fmt(r["break_even_acceptance"], ".1%"),
                      _fmt(r.get("base_pipelining_gain"), ".2f")])
     headers = ["arch", "method", "block", "kv", "acceptance a", "alpha", "tau", "verify cost (x decode)",

@@ -87,3 +87,27 @@ def test_an_interrupted_sweep_resumes_with_only_the_missing_cells(tmp_path):
     assert again.stderr.count(" -> ok") == 6 - len(done)
     assert len(records(out)) == 6
     assert not list(out.glob(".*.tmp"))
+
+
+def test_report_warns_about_cells_measured_under_load_and_tables_mixing_hosts():
+    import pandas as pd
+
+    from report.tables import conditions_line
+
+    quiet = pd.DataFrame([{"method": "ngram", "block_size": 3, "kv": "native", "host": "a", "other_cpu_share": 0.01}])
+    assert conditions_line(quiet) == ""
+    busy = pd.DataFrame([{"method": "ngram", "block_size": 3, "kv": "native", "host": "a", "other_cpu_share": 0.45},
+                         {"method": "base", "block_size": None, "kv": "native", "host": "b", "other_cpu_share": 0.0}])
+    text = conditions_line(busy)
+    assert "Measured under load" in text and "45%" in text and "ngram b3 native" in text
+    assert "mixes 2 hosts (a, b)" in text
+
+
+def test_every_profile_phase_gets_its_own_colour():
+    from report.plots import phase_colors
+
+    phases = ["accept", "draft", "rollback", "verify", "embed", "extract", "drafter_fwd", "drafter_argmax",
+              "mtp_first", "mtp_chain", "commit_pass", "tree_expand"]
+    colors = phase_colors(phases)
+    assert len(set(colors.values())) == len(phases)
+    assert len(set(phase_colors([f"p{i}" for i in range(30)]).values())) == 30
