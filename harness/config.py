@@ -93,6 +93,7 @@ class Config:
     reference: str = "base"  # the arm every method run is paired with (e.g. dflash_c to time dflash_a against it)
     out_dir: str = "results/default"
     force: bool = False  # re-run cells whose record already exists
+    allow_shared_device: bool = False  # let cells launched in parallel time on one device at once (ratios suffer)
     gate: Optional[GateConfig] = None  # set by +gate=<name>: run its checks, exit 1 if any falls short
 
 

@@ -1,62 +1,106 @@
-"""Sweep progress: cells done / total, elapsed time and ETA, across Hydra's jobs.
+"""Sweep progress: cells done / total, elapsed time and a cost-weighted ETA.
 
-Hydra's basic launcher runs the jobs of a multirun one after another in this
-process, so module state survives from job to job. The total is the product of the
-sweep's axes: the sweep file's `hydra.sweeper.params`, overridden by comma lists
-given on the command line.
+Hydra's basic launcher runs the jobs of a multirun one after another in this process,
+so module state survives from job to job. The job list is rebuilt the way Hydra's basic
+sweeper builds it (the sweep file's `hydra.sweeper.params`, then the command line, as a
+Cartesian product), so the ETA can price each remaining job by its method: the mean time
+of cells of that method measured so far, else the measured mean scaled by a relative cost
+per method (Option C re-prefills every round; base decodes plainly). Jobs that only
+repeat an earlier cell (a method that ignores the axis they differ in) cost nothing.
+Under other launchers each job is its own process: the prefix then shows the job number.
 """
 
 from __future__ import annotations
 
-import math
+import statistics
 import sys
 import time
+
+# Relative cost of a cell by method on the default fixtures, from measured sweeps (base = 1).
+RELATIVE_COST = {"base": 1.0, "mlx_lm": 1.0, "control": 1.5, "ngram": 2.0, "mtp": 3.0, "dflash_a": 3.0,
+                 "eagle3": 4.0, "dflash_zlab": 3.0, "dflash_c": 8.0}
 
 
 class Progress:
     def __init__(self):
         self.start = None
         self.jobs = 0
-        self.measured = 0
-        self.measured_s = 0.0
+        self.measured: list[tuple[str, float]] = []  # (method, seconds) of cells measured here
 
     def begin_job(self) -> str:
         """Count a job and return its '[cell i/N | elapsed | ETA]' prefix."""
         if self.start is None:
             self.start = time.perf_counter()
         self.jobs += 1
-        total = sweep_size()
+        jobs = sweep_jobs()
+        index = _job_number() or self.jobs
         elapsed = time.perf_counter() - self.start
-        parts = [f"cell {self.jobs}/{total}" if total else f"cell {self.jobs}", f"{_dur(elapsed)} elapsed"]
-        if total and self.measured:
-            parts.append(f"ETA {_dur(self.measured_s / self.measured * (total - self.jobs + 1))}")
+        parts = [f"cell {index}/{len(jobs)}" if jobs else f"cell {index}", f"{_dur(elapsed)} elapsed"]
+        if jobs and self.measured:
+            parts.append(f"ETA {_dur(self.remaining_seconds(jobs[index - 1:]))}")
         return "[" + " | ".join(parts) + "]"
 
-    def measured_cell(self, seconds: float) -> None:
-        self.measured += 1
-        self.measured_s += seconds
+    def measured_cell(self, method: str, seconds: float) -> None:
+        self.measured.append((method, seconds))
+
+    def remaining_seconds(self, jobs: list[dict]) -> float:
+        """Estimated time of `jobs` (this one included) from the cells measured so far."""
+        return sum(self.estimate(job["method"]) for job in jobs if not job["repeat"])
+
+    def estimate(self, method: str) -> float:
+        same = [s for m, s in self.measured if m == method]
+        if same:
+            return statistics.mean(same)
+        per_unit = statistics.mean(s / RELATIVE_COST.get(m, 2.0) for m, s in self.measured)
+        return per_unit * RELATIVE_COST.get(method, 2.0)
 
 
 PROGRESS = Progress()
 
 
-def sweep_size() -> int | None:
-    """Number of jobs in the running multirun, or None outside one."""
+def sweep_jobs() -> list[dict] | None:
+    """Every job of the running multirun in launch order, as {"method", "repeat"} (repeat: it
+    differs from an earlier job only in an axis its method ignores); None outside one or
+    where the command line is not this process's (jobs launched elsewhere)."""
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
         from hydra.types import RunMode
 
         hc = HydraConfig.get()
-        if hc.mode != RunMode.MULTIRUN:
+        if hc.mode != RunMode.MULTIRUN or hc.launcher._target_.split(".")[-1] != "BasicLauncher":
             return None
-        axes = {k: len(str(v).split(",")) for k, v in (hc.sweeper.params or {}).items()}
-        args = [a for a in sys.argv[1:] if not a.startswith("-")]
-        for o in OverridesParser.create().parse_overrides(args):
-            if o.is_sweep_override():
-                axes[o.key_or_group] = len(list(o.sweep_string_iterator()))
-        return math.prod(axes.values()) if axes else 1
+        params = [f"{k}={v}" for k, v in (hc.sweeper.params or {}).items()]
+        args = [a for a in sys.argv[1:] if not a.startswith("-") and not a.startswith("hydra")]
+        overrides = OverridesParser.create().parse_overrides([*params, *args])
+        batch = BasicSweeper.split_arguments(overrides, None)[0]
+        return _label_jobs([dict(o.split("=", 1) for o in job) for job in batch], hc.runtime.choices.get("method"))
     except Exception:  # noqa: BLE001 -- progress is cosmetic; never fail a cell over it
+        return None
+
+
+def _label_jobs(jobs: list[dict], default_method: str | None) -> list[dict]:
+    from harness.config import knobs_of
+
+    seen, out = set(), []
+    for job in jobs:
+        method = job.get("method", default_method)
+        knobs = knobs_of(method)
+        # the values of the axes this method reads: two jobs equal there are the same cell
+        key = (method, tuple(sorted((k, v) for k, v in job.items()
+                                    if not k.startswith("method.") or k.split(".", 1)[1] in knobs)))
+        out.append({"method": method, "repeat": key in seen})
+        seen.add(key)
+    return out
+
+
+def _job_number() -> int | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().job.num + 1
+    except Exception:  # noqa: BLE001
         return None
 
 

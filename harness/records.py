@@ -7,10 +7,13 @@ sweep runs each distinct cell once, and a re-run skips cells already recorded.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -62,6 +65,65 @@ def write_record(path: Path, record: dict) -> None:
         raise
 
 
+def claim_cell(cid: str, out_dir) -> bool:
+    """Within one multirun, True for the first job of a cell and False for every later one
+    (jobs that differ only in an axis their method ignores), across processes and hosts:
+    the claim is a file created exclusively in out_dir, named by the cell and the multirun
+    (its multirun.yaml, which Hydra writes when the sweep starts). A later multirun claims
+    afresh, so a resumed sweep re-runs what is missing. Outside a multirun: always True."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode != RunMode.MULTIRUN:
+            return True
+        run = (Path(hc.sweep.dir) / "multirun.yaml").stat().st_mtime_ns
+    except (ValueError, OSError):  # no Hydra context (gates compose their cells) or no sweep file
+        return True
+    claims = Path(out_dir) / ".claims"
+    claims.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(claims / f"{cid}.{run}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def device_lock_path() -> Path:
+    """One lock per device on this host: the CPU, the GPUs a CUDA process sees, or Metal."""
+    import mlx.core as mx
+
+    if mx.default_device() == mx.cpu:
+        device = "cpu"  # launchers set CUDA_VISIBLE_DEVICES per job, but CPU cells all share the cores
+    elif mx.metal.is_available():
+        device = "metal"
+    else:
+        device = "cuda-" + (os.environ.get("CUDA_VISIBLE_DEVICES") or "all").replace(",", "_")
+    return Path(tempfile.gettempdir()) / f"spec-harness-device-{device}.lock"
+
+
+@contextmanager
+def device_lock(shared: bool = False):
+    """Hold this host's compute device for the measurement: cells launched in parallel (local
+    processes, several jobs on one node) take turns on it, because two timed cells sharing a
+    device make both cells' tok/s, and so every ratio, meaningless. The lock lives in this
+    host's temp dir (per GPU set under CUDA_VISIBLE_DEVICES). Yields a function giving the
+    seconds spent waiting. `shared=True` (allow_shared_device) skips it."""
+    start = time.perf_counter()
+    waited = [0.0]
+    if shared:
+        yield lambda: 0.0
+        return
+    with open(device_lock_path(), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        waited[0] = time.perf_counter() - start
+        try:
+            yield lambda: waited[0]
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _json_default(x):
     if hasattr(x, "item"):
         return x.item()
@@ -78,8 +140,8 @@ def read_record(path: Path) -> dict | None:
 def iter_records(root: Path):
     """(path, record) for every record under root; temp files and non-records skipped."""
     for path in sorted(Path(root).rglob("*.json")):
-        if path.name.startswith("."):
-            continue
+        if any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue  # temp files, claims, launcher folders
         rec = read_record(path)
         if isinstance(rec, dict) and rec.get("schema") == SCHEMA_VERSION and "cell" in rec:
             yield path, rec

@@ -9,6 +9,7 @@ sweep goes on to the next cell.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import sys
 import time
 import traceback
@@ -24,10 +25,7 @@ from harness.measure import Arms, measure_cell
 from harness.models import has_moe, load_target, model_dtype, resolve_model, weight_bytes
 from harness.progress import PROGRESS
 from harness.prompts import load_suite
-from harness.records import SCHEMA_VERSION, canonical_cell, cell_id, read_record, write_record
-
-_DONE_THIS_PROCESS: set[str] = set()
-
+from harness.records import SCHEMA_VERSION, canonical_cell, cell_id, claim_cell, device_lock, read_record, write_record
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
@@ -42,10 +40,9 @@ def run_cell(cfg) -> Path | None:
     cid = cell_id(cell)
     path = Path(cfg.out_dir) / f"{cid}.json"
     head = PROGRESS.begin_job()
-    if cid in _DONE_THIS_PROCESS:
+    if not claim_cell(cid, cfg.out_dir):
         log(f"{head} skip {cid}: same cell as an earlier job ({cfg.method.name} ignores the axis that differs)")
         return path
-    _DONE_THIS_PROCESS.add(cid)
     old = read_record(path)
     if old and old.get("status") == "ok" and not cfg.force:
         log(f"{head} skip {cid}: already recorded in {path} (force=true re-runs it)")
@@ -53,9 +50,15 @@ def run_cell(cfg) -> Path | None:
     turns = sum(len(p.turns) for p in prompts)
     log(f"{head} {cid}: {len(prompts)} prompts ({turns} turns), {cfg.bench.max_new_tokens} new tokens each")
     t0 = time.perf_counter()
-    record = _measure(cfg, cell, cid, prompts)
+    with device_lock(cfg.allow_shared_device) as waited:
+        started = time.time()
+        record = _measure(cfg, cell, cid, prompts)
+        record["device"] = {"held_from": started, "held_to": time.time(), "waited_s": round(waited(), 3),
+                            "shared": bool(cfg.allow_shared_device)}
+    if os.environ.get("SPEC_HARNESS_TEST_KILL") and os.environ["SPEC_HARNESS_TEST_KILL"] in cid:
+        os._exit(137)  # test hook: a job killed after measuring, before its record exists
     write_record(path, record)
-    PROGRESS.measured_cell(time.perf_counter() - t0)
+    PROGRESS.measured_cell(cfg.method.name, time.perf_counter() - t0)
     log(f"  -> {record['status']}: {_headline(record)}  [{path}]")
     return path
 
