@@ -16,9 +16,10 @@ import statistics
 import sys
 import time
 
-# Relative cost of a cell by method on the default fixtures, from measured sweeps (base = 1).
-RELATIVE_COST = {"base": 1.0, "mlx_lm": 1.0, "control": 1.5, "ngram": 2.0, "mtp": 3.0, "dflash_a": 3.0,
-                 "eagle3": 4.0, "dflash_zlab": 3.0, "dflash_c": 8.0}
+# Relative cost of a cell by method (base = 1), from the default sweep's cells on 2 CPU cores
+# (2026-11-30, bench=quick: base 5 s, ngram 14, dflash_a 17, eagle3 18, mtp 19, dflash_c 84).
+RELATIVE_COST = {"base": 1.0, "mlx_lm": 1.0, "control": 2.0, "ngram": 2.8, "dflash_a": 3.4, "dflash_zlab": 3.4,
+                 "eagle3": 3.5, "mtp": 3.8, "dflash_c": 17.0}
 
 
 class Progress:

@@ -31,8 +31,8 @@ def header(root: Path, records) -> str:
         f"{_distinct(records, lambda r: r.get('started_at', '')[:10])}",
         "",
         "## Protocol", "",
-        f"- Prompts: suite {bench('suite')}, max_prompts {bench('max_prompts')}, "
-        f"categories {bench('categories')}; {bench('max_new_tokens')} new tokens per generation "
+        f"- Prompts: suite {bench('suite')}, max_prompts {bench('max_prompts')}, per_category "
+        f"{bench('per_category')}, categories {bench('categories')}; {bench('max_new_tokens')} new tokens per generation "
         f"(EOS ignored: {bench('stop_at_eos')} = stop_at_eos), temperature {bench('temperature')}, seed {bench('seed')}",
         f"- Each method cell runs its method arm and a base arm on the same prompts, interleaved "
         f"(method, base, method, base ...), {bench('reps')} timed reps after {bench('warmup')} warm-up "
@@ -43,12 +43,23 @@ def header(root: Path, records) -> str:
         "the log ratios; sigma% is the spread of each arm over reps.",
         "- tau = tokens per target verify (accepted drafts + bonus; base = 1). Acceptance = accepted / "
         "drafted tokens; by position: share of drafts at position i that were accepted.",
+        *_cut_note(records),
         "- Profiles come from one extra generation per prompt with an mx.eval barrier after every phase; "
         "they never feed tok/s.",
         "- A reference other than base (`vs mlx_lm`: mlx-lm's generate_step; `vs dflash_zlab`: z-lab's DFlash "
         "reference) is timed the same way in the same cell: the speedup is then against that implementation.",
         "",
     ])
+
+
+def _cut_note(records) -> list[str]:
+    # A reduced protocol (bench=quick, a first run) says what it left out.
+    benches = [r.get("cell", {}).get("bench", {}) for _, r in records]
+    if not any(b.get("per_category") or (b.get("max_new_tokens") or 64) < 64 for b in benches):
+        return []
+    return ["- **Reduced protocol** (a first run, `bench=quick`): one prompt per category instead of all 21 and "
+            "fewer new tokens than the full 64, so acceptance and speedups rest on fewer rounds; "
+            "`bench=full` runs the full protocol (all prompts, 64 tokens)."]
 
 
 def write(root: Path) -> tuple[Path, pd.DataFrame]:

@@ -127,3 +127,23 @@ def test_cell_summary_from_generations_matches_hand_computation():
     assert s["tau"] == pytest.approx(2.0) and s["acceptance_rate"] == 1.0
     assert s["per_position_acceptance"] == [1.0]
     assert s["outlier_reps"] == 1 and s["peak_memory_bytes"] == 3 and s["base_peak_memory_bytes"] == 4
+
+
+def test_eta_prices_remaining_cells_by_method_and_skips_repeats():
+    from harness.progress import RELATIVE_COST, Progress
+
+    p = Progress()
+    p.measured_cell("base", 5.0)
+    jobs = [{"method": "base", "repeat": True}, {"method": "ngram", "repeat": False},
+            {"method": "dflash_c", "repeat": False}]
+    assert p.remaining_seconds(jobs) == pytest.approx(5.0 * (RELATIVE_COST["ngram"] + RELATIVE_COST["dflash_c"]))
+    p.measured_cell("dflash_c", 100.0)  # a measured method is priced by its own cells from then on
+    assert p.estimate("dflash_c") == 100.0
+    assert p.estimate("mtp") == pytest.approx((5.0 + 100.0 / RELATIVE_COST["dflash_c"]) / 2 * RELATIVE_COST["mtp"])
+
+
+def test_sweep_jobs_mark_cells_that_repeat_an_earlier_one():
+    from harness.progress import _label_jobs
+
+    jobs = [{"method": m, "method.block_size": b, "kv": "native"} for m in ("base", "ngram") for b in ("3", "5")]
+    assert [j["repeat"] for j in _label_jobs(jobs, "base")] == [False, True, False, False]
