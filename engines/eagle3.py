@@ -242,7 +242,7 @@ class Eagle3Drafter(nn.Module):
     def __init__(self, c: Eagle3Config, own_embedding: bool = False, own_head: bool = True):
         super().__init__()
         self.config = c
-        a = len(c.aux_layer_ids or default_aux_layers(4))
+        a = len(c.aux_layer_ids) if c.aux_layer_ids else 3  # EAGLE-3's low / mid / high by default
         if c.norm_before_fc:
             self.input_norm = nn.RMSNorm(a * c.target_hidden_size, eps=c.rms_norm_eps)
         if c.fc_norm:
@@ -269,9 +269,8 @@ class Eagle3Drafter(nn.Module):
         return self.fc(feats)
 
     def step(self, embeds, feats, caches, offset, tree=None):
-        """One drafter step: [1, T, H] embeddings and features -> [1, T, H] the feature the next
-        step reads (h, or norm(h) with norm_output); logprobs() takes either (norm is idempotent
-        only up to its weight, so they keep which one they got)."""
+        """One drafter step: [1, T, H] embeddings and features -> [1, T, H] pre-norm output h.
+        logits() / logprobs() take h; the next step takes next_feature(h)."""
         h = feats
         for layer, cache in zip(self.layers, caches if caches is not None else [None] * len(self.layers)):
             h = layer(embeds, h, cache, offset, tree)

@@ -17,9 +17,9 @@ import sys
 import time
 
 # Relative cost of a cell by method (base = 1), from the default sweep's cells on 2 CPU cores
-# (2026-11-30, bench=quick: base 5 s, ngram 14, dflash_a 17, eagle3 18, mtp 19, dflash_c 84).
-RELATIVE_COST = {"base": 1.0, "mlx_lm": 1.0, "control": 2.0, "ngram": 2.8, "dflash_a": 3.4, "dflash_zlab": 3.4,
-                 "eagle3": 3.5, "mtp": 3.8, "dflash_c": 17.0}
+# (2026-11-30, bench=quick: base 5.9 s, ngram 15.1, dflash_a 15.8, eagle3 15.8, mtp 16.6, dflash_c 68.2).
+RELATIVE_COST = {"base": 1.0, "mlx_lm": 1.0, "control": 2.0, "ngram": 2.5, "dflash_a": 2.7, "dflash_zlab": 2.7,
+                 "eagle3": 2.7, "mtp": 2.8, "dflash_c": 11.5}
 
 
 class Progress:
