@@ -404,11 +404,14 @@ def speedup_model(items: list[dict], summary: dict, calibration: dict | None, bl
                   incremental: bool = True, full_block: bool = False) -> dict | None:
     """Predicted speedup of the profiled rounds from component costs (harness/stats).
 
-    Unit: one profiled base decode step (verify + accept + rollback), or the calibrated
-    single-token verify where no base arm was profiled. A round costs the calibrated
-    verify ratio (tokens it fed over 1: K+1 for a chain, nodes+1 for a tree) times the
-    base step's verify, plus the method's other profiled phases. `full_block`: the method verifies the whole
-    block every round whatever it drafted (the control)."""
+    Unit: one base decode step as the timed base arm runs it (its median step: pipelined,
+    each step queued before the last token is read); without timed base rounds, the
+    profiled base step, or the calibrated single-token verify where no base arm was
+    profiled. A round costs the calibrated verify ratio (tokens it fed over 1: K+1 for a
+    chain, nodes+1 for a tree) times the profiled base step's verify, plus the method's
+    other profiled phases: a drafting round waits on the host once anyway, so its
+    profile is what it costs. `full_block`: the method verifies the whole block every
+    round whatever it drafted (the control)."""
     if calibration is None or block < 2:
         return None
     phases = phase_means(items)
@@ -418,7 +421,9 @@ def speedup_model(items: list[dict], summary: dict, calibration: dict | None, bl
         return out  # without a profile the cost of drafting is unknown
     ratio = {int(t): ms / calibration["decode_ms"] for t, ms in calibration["verify_ms_by_tokens"].items()}
     base = base_step(items)
-    unit, verify1 = (base["round_ms"], base["verify_ms"]) if base else (calibration["decode_ms"],) * 2
+    timed = summary.get("base_round_ms_median") if base else None
+    unit = timed or (base["round_ms"] if base else calibration["decode_ms"])
+    verify1 = base["verify_ms"] if base else calibration["decode_ms"]
     overhead = sum(ms for p, ms in phases.items() if p not in MODEL_PHASES)
     fed, tokens = _profiled_rounds(items)
     if incremental:
@@ -429,11 +434,10 @@ def speedup_model(items: list[dict], summary: dict, calibration: dict | None, bl
     counts = {k: len(vs) for k, vs in fed.items()}
     mix = stats.RoundMix(counts, {k: (verify[k] + overhead) / unit for k in fed})
     rounds = sum(counts.values())
-    timed_base = summary.get("base_round_ms_median") if base else None
-    out.update({"unit_ms": unit, "unit": "base profile" if base else "calibration", "overhead_ms": overhead,
-                # the profiled base step runs unpipelined; the timed base arm queues each step ahead, so
-                # predictions that take this unit overstate the method by this factor
-                "base_pipelining_gain": unit / timed_base if timed_base else None,
+    out.update({"unit_ms": unit, "unit": "timed base step" if timed else "base profile" if base else "calibration",
+                "overhead_ms": overhead,
+                # what pipelining saves the base arm: its profiled (unpipelined) step over its timed one
+                "base_pipelining_gain": base["round_ms"] / timed if timed else None,
                 "round_cost_ratio": mix.total_cost() / rounds, "break_even_tau": mix.total_cost() / rounds,
                 "profiled_tau": tokens / rounds, "iid_acceptance": mix.iid_acceptance(tokens),
                 "drafted_rounds": {str(k): n for k, n in sorted(counts.items())},
