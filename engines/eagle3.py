@@ -40,7 +40,7 @@ checkpoint this code does not implement is refused by name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx

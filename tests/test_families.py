@@ -2,7 +2,6 @@
 and loaded through mlx_lm.load, run base, n-gram and DFlash Option A losslessly (float32)."""
 
 import importlib
-import json
 import subprocess
 import sys
 from types import SimpleNamespace
