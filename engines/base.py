@@ -130,7 +130,8 @@ class Engine:
     def describe(self) -> dict:
         out = {"rollback": self.target.strategy if self.target.layout.recurrent else "trim",
                "cache_types": sorted(set(self.target.layout.types)),
-               "verify": getattr(self.cfg, "verify", "batched")}
+               "verify": getattr(self.cfg, "verify", "batched"),
+               "dispatch": {"stage_every": self.target.stage_every, "stable_attention": self.target.stable_attention}}
         if self.target.layout.recurrent:
             out["recurrence"] = backend_path()
         return out

@@ -134,6 +134,8 @@ class DFlashConfig:
 
 
 class DFlashAttention(nn.Module):
+    stable = False  # attend over the context cache's whole buffer (engines/dispatch.py; set per engine)
+
     def __init__(self, cfg: DFlashConfig, layer: int):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
@@ -166,6 +168,8 @@ class DFlashAttention(nn.Module):
         if cache is not None:
             start = cache.offset
             keys, values = cache.update_and_fetch(rope(ctx_k, offset=start), ctx_v)  # [1, Hkv, C, D]
+            if self.stable:  # the whole buffer, its unwritten tail masked: one cuDNN plan per 256 keys
+                keys, values = cache.keys, cache.values
             block_start, n_ctx = start + S, start + S
         else:
             keys, values = rope(ctx_k, offset=0), ctx_v
@@ -182,7 +186,7 @@ class DFlashAttention(nn.Module):
         block = kpos >= C
         if self.causal:  # block row i sees rows 0..i
             block = block & (kpos - C <= qpos - n_ctx)
-        plain = cache is not None and not self.window and not self.causal  # all keys visible: no mask
+        plain = cache is not None and not self.window and not self.causal and C == n_ctx  # all visible: no mask
         out = mx.fast.scaled_dot_product_attention(q, mx.concatenate([keys, bk], axis=2),
                                                    mx.concatenate([values, bv], axis=2), scale=self.scale,
                                                    mask=None if plain else visible | block)
@@ -290,6 +294,8 @@ class DFlash(Engine):
         self.block = cfg.block_size or self.drafter.config.block_size
         self.mask_id = self.drafter.config.mask_token_id
         target.hidden_layers = self.drafter.config.target_layer_ids
+        for layer in self.drafter.layers:
+            layer.self_attn.stable = target.stable_attention
 
     def prefill(self, prompt):
         self.prompt_len = len(prompt)

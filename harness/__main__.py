@@ -12,7 +12,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from harness.config import GROUPS, OPTION_GROUPS, Config, ConfigError, conf_dir, group_options, register_configs
+from harness.config import GROUPS, NESTED, OPTION_GROUPS, Config, ConfigError, conf_dir, group_options, register_configs
 
 
 def check_overrides(args: list[str]) -> None:
@@ -36,9 +36,9 @@ def check_overrides(args: list[str]) -> None:
                 if str(v) not in options:
                     raise ConfigError(f"unknown {key} {v!r}; available: {', '.join(options)} "
                                       f"(files in {conf_dir() / key})")
-        elif "." in key and key.split(".", 1)[0] in GROUPS:
+        elif "." in key and key.split(".", 1)[0] in {**GROUPS, **NESTED}:
             group, field = key.split(".", 1)
-            valid = [f.name for f in dataclasses.fields(GROUPS[group])]
+            valid = [f.name for f in dataclasses.fields({**GROUPS, **NESTED}[group])]
             if field not in valid:
                 raise ConfigError(f"unknown key {key!r}; {group} has: {', '.join(valid)}")
         elif key not in top:

@@ -70,6 +70,13 @@ class KVConfig:
 
 
 @dataclass
+class DispatchConfig:
+    # How target forwards reach a GPU (engines/dispatch.py); null = the device's default (on under CUDA).
+    stage_every: Optional[int] = None  # queue the graph every N layers so the device starts early; 0 = never
+    stable_attention: Optional[bool] = None  # multi-token attention over the cache's 256-key buffer, masked
+
+
+@dataclass
 class GateCheck:
     name: str = MISSING  # what the check claims, shown in the gate table
     overrides: List[str] = field(default_factory=list)  # the cell, as command-line overrides
@@ -89,6 +96,7 @@ class Config:
     method: MethodConfig = MISSING
     bench: BenchConfig = field(default_factory=BenchConfig)
     kv: KVConfig = field(default_factory=KVConfig)
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     rollback: str = "auto"  # recurrent-state rollback: auto (fastest measured) | capture | recompute | replay
     reference: str = "base"  # the arm every method run is paired with (e.g. dflash_c to time dflash_a against it)
     out_dir: str = "results/default"
@@ -98,6 +106,7 @@ class Config:
 
 
 GROUPS = {"arch": ArchConfig, "method": MethodConfig, "bench": BenchConfig, "kv": KVConfig}
+NESTED = {"dispatch": DispatchConfig}  # sections of the schema without a YAML group
 OPTION_GROUPS = ("sweep", "gate")  # groups that are whole experiments, added with +<group>=<name>
 
 
@@ -152,6 +161,9 @@ def validate(cfg) -> None:
         get_engine(cfg.reference)
     except KeyError as e:
         raise ConfigError(f"reference: {e.args[0]}") from None
+    if cfg.dispatch.stage_every is not None and cfg.dispatch.stage_every < 0:
+        raise ConfigError(f"dispatch.stage_every={cfg.dispatch.stage_every} is not valid; use null (the device's "
+                          "default), 0 (never) or a number of layers >= 1")
     b = cfg.bench
     for key, low in (("max_new_tokens", 1), ("reps", 1), ("warmup", 0), ("seed", 0), ("cooldown_s", 0)):
         if getattr(b, key) < low:

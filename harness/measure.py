@@ -137,13 +137,14 @@ def _timed_verify(target: Target, start: tuple, tokens: list[int], n_keep: int |
     return dt * 1e3
 
 
-def compare_rollbacks(model, kv: str, group_size: int, ids: list[int], block: int, n: int = 5) -> dict:
+def compare_rollbacks(like: Target, ids: list[int], block: int, n: int = 5) -> dict:
     """ms of a verify over `block` tokens plus its rollback, per recurrent rollback strategy,
     averaged over every accepted count (median of n passes each): which strategy is fastest
-    on this model and backend."""
+    on this model and backend, for a target set up `like` the cell's."""
     costs = {}
     for strategy in ROLLBACK_STRATEGIES:
-        target = Target(model, kv=kv, rollback=strategy, kv_group_size=group_size)
+        target = Target(like.model, kv=like.kv, rollback=strategy, kv_group_size=like.kv_group_size,
+                        stage_every=like.stage_every, stable_attention=like.stable_attention)
         target.prefill(ids)
         start = target.mark()
         pending = ids[-1]
@@ -272,7 +273,7 @@ def _calibrate_cell(arms: Arms, ids: list[int], sampler: Sampler) -> dict:
     target = arms.method.target
     rollbacks = None
     if target.layout.recurrent and arms.block > 1:
-        rollbacks = compare_rollbacks(target.model, target.kv, target.kv_group_size, ids, arms.block)
+        rollbacks = compare_rollbacks(target, ids, arms.block)
         if arms.rollback_auto:
             for eng in arms.engines():
                 eng.target.set_strategy(rollbacks["fastest"])

@@ -27,7 +27,9 @@ def canonical_cell(cfg) -> dict:
     """The parts of the config that decide the measurement, nothing else."""
     knobs = knobs_of(cfg.method.name)
     method = {"name": cfg.method.name, **{k: cfg.method[k] for k in knobs}}
+    dispatch = {k: v for k, v in OmegaConf.to_container(cfg.dispatch).items() if v is not None}
     return {
+        **({"dispatch": dispatch} if dispatch else {}),  # only when set: the device defaults keep ids as they were
         "arch": OmegaConf.to_container(cfg.arch, resolve=True),
         "method": method,
         "kv": OmegaConf.to_container(cfg.kv, resolve=True) if cfg.kv.name in ("q8", "q4") else {"name": cfg.kv.name},

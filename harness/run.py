@@ -120,7 +120,8 @@ def _build_arms(model, tokenizer, cfg) -> Arms:
     strategy = "capture" if auto else cfg.rollback  # auto: switched to the measured fastest before timing
 
     def engine(name, method_cfg):
-        target = Target(model, kv=cfg.kv.name, rollback=strategy, kv_group_size=cfg.kv.group_size)
+        target = Target(model, kv=cfg.kv.name, rollback=strategy, kv_group_size=cfg.kv.group_size,
+                        stage_every=cfg.dispatch.stage_every, stable_attention=cfg.dispatch.stable_attention)
         eng = get_engine(name)(target, method_cfg)
         if getattr(eng, "external", False):
             eng.tokenizer = tokenizer  # reference APIs take one (for stop tokens); ids still go in and out

@@ -1,0 +1,107 @@
+"""How a target forward reaches a CUDA device: staged dispatch and shape-stable attention.
+
+Two costs of MLX's CUDA backend that a speculative round pays and plain decoding hides
+(measured on the H200 with a random 1B llama, bf16; docs/benchmarks):
+
+- Python builds a 16-layer forward's graph in ~0.9 ms before anything runs. Pipelined
+  decoding hides that behind the previous step; a round cannot (its next verify needs
+  this one's outcome). `staged` queues the graph every few layers (mx.async_eval on a
+  layer's output), so the device runs the first layers while Python builds the rest.
+- A forward over T > 1 tokens sends attention to cuDNN, whose plans are built per exact
+  K/V shape (~40 ms each). Every round attends over a new key count, so a process sees a
+  new shape each round until its plan cache holds them all. `stable_attention` attends
+  over the cache's whole buffer instead (mlx-lm grows it 256 keys at a time) with a mask
+  hiding the positions not yet written, so one plan serves every round in that bucket.
+
+Neither changes what is computed: async_eval only queues, and masked keys get weight 0.
+Both default to on under CUDA only (`dispatch_defaults`); the CPU suite runs them forced
+on to show that outputs stay the same. Like every other hook here, they are installed for
+one forward and always undone.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+
+from engines.hidden import decoder
+
+STAGE_EVERY = 4  # layers per queued chunk under CUDA (a 16-layer forward goes out in 4 parts)
+
+
+def dispatch_defaults() -> dict:
+    """{stage_every, stable_attention} for the current device: on under CUDA, off elsewhere
+    (Metal has neither cost in this form, and on the CPU nothing overlaps)."""
+    cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+    return {"stage_every": STAGE_EVERY if cuda else 0, "stable_attention": cuda}
+
+
+class _Stage:
+    """Stands in for one decoder layer: calls it, then queues what has been built so far."""
+
+    def __init__(self, layer):
+        self._layer = layer
+
+    def __call__(self, *args, **kwargs):
+        out = self._layer(*args, **kwargs)
+        mx.async_eval(out[0] if isinstance(out, tuple) else out)  # gemma4 layers return tuples
+        return out
+
+    def __getattr__(self, name):  # is_linear, layer_type, ... as the model expects
+        return getattr(self._layer, name)
+
+
+@contextmanager
+def staged(model: nn.Module, every: int):
+    """Within the block, forwards queue their graph after every `every`-th layer (0: never)."""
+    layers = decoder(model).layers
+    picked = list(range(every - 1, len(layers) - 1, every)) if every > 0 else []
+    originals = {i: layers[i] for i in picked}
+    try:
+        for i, layer in originals.items():
+            layers[i] = _Stage(layer)
+        yield
+    finally:
+        for i, layer in originals.items():
+            layers[i] = layer
+
+
+def attention_modules(model: nn.Module) -> list:
+    """The modules whose attention classes call mlx-lm's scaled_dot_product_attention by name
+    (found once per model: walking its modules every forward would cost more than it saves)."""
+    names = {type(m).__module__ for _, m in model.named_modules() if type(m).__name__.endswith("Attention")}
+    return [sys.modules[n] for n in sorted(names) if hasattr(sys.modules.get(n), "scaled_dot_product_attention")]
+
+
+def _bucketed(original):
+    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
+        # queries [B, H, T, D]; cache.keys [B, Hkv, S, D] with S >= offset (mlx-lm's growth step)
+        T = queries.shape[2]
+        if (T == 1 or type(cache) is not KVCache or sinks is not None or not isinstance(mask, str)
+                or mask != "causal" or cache.keys.shape[2] == keys.shape[2]):
+            return original(queries, keys, values, cache, scale, mask, sinks)
+        S = cache.keys.shape[2]
+        qpos = mx.arange(cache.offset - T, cache.offset)  # the offset already counts these T
+        visible = mx.arange(S)[None] <= qpos[:, None]  # [T, S]: causal, and nothing past the end
+        return mx.fast.scaled_dot_product_attention(queries, cache.keys, cache.values, scale=scale, mask=visible)
+    scaled_dot_product_attention.bucketed = True
+    return scaled_dot_product_attention
+
+
+@contextmanager
+def stable_attention(modules: list):
+    """Within the block, causal multi-token attention over a plain KVCache in these
+    `attention_modules` runs over the cache's whole buffer, masked (module docstring)."""
+    originals = [m.scaled_dot_product_attention for m in modules]
+    try:
+        for m, f in zip(modules, originals):
+            if not getattr(f, "bucketed", False):
+                m.scaled_dot_product_attention = _bucketed(f)
+        yield
+    finally:
+        for m, f in zip(modules, originals):
+            m.scaled_dot_product_attention = f

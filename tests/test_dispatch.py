@@ -1,0 +1,80 @@
+"""Staged dispatch and shape-stable attention (engines/dispatch.py), forced on on the CPU:
+they change how work reaches the device, never what is computed."""
+
+from types import SimpleNamespace
+
+import mlx.core as mx
+import pytest
+
+import engines.dispatch as dispatch
+from engines.autoregressive import Autoregressive
+from engines.dflash import DFlashA
+from engines.dispatch import attention_modules
+from engines.hidden import decoder
+from engines.ngram import Ngram
+from engines.target import Target
+from harness import fixtures
+from tests.conftest import method_cfg
+from tests.helpers import base_engine, generate_ids
+from tests.test_lossless import NEW_TOKENS, _units
+
+FORCED = {"stage_every": 1, "stable_attention": True}
+
+
+def _dflash(model, arch, **kw):
+    return DFlashA(Target(model, **kw), SimpleNamespace(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch))))
+
+
+def test_both_are_on_by_default_under_cuda_only():
+    cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+    want = {"stage_every": dispatch.STAGE_EVERY, "stable_attention": True} if cuda else \
+        {"stage_every": 0, "stable_attention": False}
+    assert dispatch.dispatch_defaults() == want
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen35", "gemma4"])
+def test_forced_on_every_method_keeps_base_output_and_the_same_rounds(models, arch):
+    model, tok = models[arch]
+    layers = list(decoder(model).layers)
+    sdpa = {m.__name__: m.scaled_dot_product_attention for m in attention_modules(model)}
+    for _, ids in list(_units(tok))[::6]:
+        want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        assert generate_ids(Autoregressive(Target(model, **FORCED), None), ids, NEW_TOKENS).tokens == want
+        plain, forced = generate_ids(_dflash(model, arch), ids, NEW_TOKENS), generate_ids(_dflash(model, arch, **FORCED),
+                                                                                          ids, NEW_TOKENS)
+        assert forced.tokens == want == plain.tokens
+        assert [r.accepted for r in forced.rounds] == [r.accepted for r in plain.rounds]  # the drafter drafted alike
+        ngram = Ngram(Target(model, **FORCED), method_cfg(block_size=4))
+        assert generate_ids(ngram, ids, NEW_TOKENS).tokens == want
+    assert list(decoder(model).layers) == layers  # every stage hook was taken out again
+    assert {m.__name__: m.scaled_dot_product_attention for m in attention_modules(model)} == sdpa
+
+
+def test_bucketed_attention_reads_the_whole_buffer_and_gives_the_same_logits(models, monkeypatch):
+    model, tok = models["llama"]
+    ids = next(_units(tok))[1]
+    seen = []
+    real = mx.fast.scaled_dot_product_attention
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: seen.append(k.shape[2]) or real(q, k, v, **kw))
+    logits = {}
+    for on in (False, True):
+        t = Target(model, stable_attention=on)
+        t.prefill(ids)
+        seen.clear()
+        logits[on] = t.verify([5, 6, 7, 8, 9, 10])
+        mx.eval(logits[on])
+        assert set(seen) == ({256} if on else {len(ids) + 6}), seen  # the 256-key buffer, or the exact key count
+    assert mx.abs(logits[True] - logits[False]).max().item() < 1e-5
+
+
+def test_staged_dispatch_queues_the_graph_every_n_layers(models, monkeypatch):
+    model, tok = models["llama"]
+    queued = []
+    real = mx.async_eval
+    monkeypatch.setattr(mx, "async_eval", lambda *a: queued.append(len(a)) or real(*a))
+    n = len(decoder(model).layers)
+    for every, expect in ((0, 0), (1, n - 1), (2, (n - 1) // 2)):
+        queued.clear()
+        mx.eval(Target(model, stage_every=every).prefill([1, 2, 3, 4]))
+        assert len(queued) == expect, (every, queued)  # never after the last layer: the caller evaluates that
