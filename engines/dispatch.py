@@ -77,7 +77,7 @@ def attention_modules(model: nn.Module) -> list:
     return [sys.modules[n] for n in sorted(names) if hasattr(sys.modules.get(n), "scaled_dot_product_attention")]
 
 
-def _bucketed(original):
+def _bucketed(original, masks: dict):
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
         # queries [B, H, T, D]; cache.keys [B, Hkv, S, D] with S >= offset (mlx-lm's growth step)
         T = queries.shape[2]
@@ -85,9 +85,12 @@ def _bucketed(original):
                 or mask != "causal" or cache.keys.shape[2] == keys.shape[2]):
             return original(queries, keys, values, cache, scale, mask, sinks)
         S = cache.keys.shape[2]
-        qpos = mx.arange(cache.offset - T, cache.offset)  # the offset already counts these T
-        visible = mx.arange(S)[None] <= qpos[:, None]  # [T, S]: causal, and nothing past the end
-        return mx.fast.scaled_dot_product_attention(queries, cache.keys, cache.values, scale=scale, mask=visible)
+        key = (cache.offset, T, S, queries.dtype)
+        if key not in masks:  # one additive mask per forward, shared by its layers (no per-layer conversion)
+            qpos = mx.arange(cache.offset - T, cache.offset)  # the offset already counts these T
+            visible = mx.arange(S)[None] <= qpos[:, None]  # [T, S]: causal, and nothing past the end
+            masks[key] = mx.where(visible, mx.array(0, queries.dtype), mx.array(-mx.inf, queries.dtype))
+        return mx.fast.scaled_dot_product_attention(queries, cache.keys, cache.values, scale=scale, mask=masks[key])
     scaled_dot_product_attention.bucketed = True
     return scaled_dot_product_attention
 
@@ -97,10 +100,11 @@ def stable_attention(modules: list):
     """Within the block, causal multi-token attention over a plain KVCache in these
     `attention_modules` runs over the cache's whole buffer, masked (module docstring)."""
     originals = [m.scaled_dot_product_attention for m in modules]
+    masks: dict = {}
     try:
         for m, f in zip(modules, originals):
             if not getattr(f, "bucketed", False):
-                m.scaled_dot_product_attention = _bucketed(f)
+                m.scaled_dot_product_attention = _bucketed(f, masks)
         yield
     finally:
         for m, f in zip(modules, originals):
