@@ -1,22 +1,27 @@
-"""How a target forward reaches a CUDA device: staged dispatch and shape-stable attention.
+"""How a target forward reaches a CUDA device: shape-stable attention, and staged dispatch.
 
-Two costs of MLX's CUDA backend that a speculative round pays and plain decoding hides
-(measured on the H200 with a random 1B llama, bf16; docs/benchmarks):
+A forward over T > 1 tokens sends attention to cuDNN, whose plans MLX builds per exact
+K/V shape. Every round of a speculative method attends over a new key count, in the
+verify and in the drafter, so a round pays two plan builds whenever its context length
+has not been seen in this process. `stable_attention` attends over the cache's whole
+buffer instead (mlx-lm grows it 256 keys at a time), with one additive mask per forward
+hiding what is not written yet, so one plan serves every round in that bucket. Measured
+on the H200 (random llama-1b, bf16, DFlash block 8, docs/benchmarks/2026-12-01-h200):
+with every shape new (a 16-plan cache) a round costs 8.0 ms with it, and z-lab's
+reference, without it, 109 ms; with every shape already planned (the same prompt
+replayed) the paired ratio against z-lab was 1.04x with it and 1.11x without, CIs
+overlapping. On by default under CUDA; off elsewhere (Metal and the CPU build no
+per-shape plans, and on the CPU the padded keys cost what they compute).
 
-- Python builds a 16-layer forward's graph in ~0.9 ms before anything runs. Pipelined
-  decoding hides that behind the previous step; a round cannot (its next verify needs
-  this one's outcome). `staged` queues the graph every few layers (mx.async_eval on a
-  layer's output), so the device runs the first layers while Python builds the rest.
-- A forward over T > 1 tokens sends attention to cuDNN, whose plans are built per exact
-  K/V shape (~40 ms each). Every round attends over a new key count, so a process sees a
-  new shape each round until its plan cache holds them all. `stable_attention` attends
-  over the cache's whole buffer instead (mlx-lm grows it 256 keys at a time) with a mask
-  hiding the positions not yet written, so one plan serves every round in that bucket.
+`staged` queues the graph every few layers (mx.async_eval on a layer's output), so the
+device could start on the first layers while Python builds the rest. On the H200 it did
+not pay (0.985x and 0.998x z-lab with it, 1.037x and 1.109x without; 0.990x against
+1.002x mlx-lm for base decoding), so it is off by default everywhere;
+`dispatch.stage_every=N` tries it on other hosts.
 
-Neither changes what is computed: async_eval only queues, and masked keys get weight 0.
-Both default to on under CUDA only (`dispatch_defaults`); the CPU suite runs them forced
-on to show that outputs stay the same. Like every other hook here, they are installed for
-one forward and always undone.
+Neither changes what is computed: async_eval only queues, and masked keys get weight 0;
+the CPU suite runs both forced on and compares tokens. Like every other hook here, they
+are installed for one forward and always undone.
 """
 
 from __future__ import annotations
@@ -30,14 +35,10 @@ from mlx_lm.models.cache import KVCache
 
 from engines.hidden import decoder
 
-STAGE_EVERY = 4  # layers per queued chunk under CUDA (a 16-layer forward goes out in 4 parts)
-
-
 def dispatch_defaults() -> dict:
-    """{stage_every, stable_attention} for the current device: on under CUDA, off elsewhere
-    (Metal has neither cost in this form, and on the CPU nothing overlaps)."""
+    """{stage_every, stable_attention} for the current device (see the module docstring)."""
     cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
-    return {"stage_every": STAGE_EVERY if cuda else 0, "stable_attention": cuda}
+    return {"stage_every": 0, "stable_attention": cuda}
 
 
 class _Stage:

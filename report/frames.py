@@ -56,6 +56,8 @@ def _keys(rec: dict, labels: dict[str, str]) -> dict:
     method = cell["method"]["name"]
     if cell.get("reference") not in (None, "base"):
         method += f" vs {cell['reference']}"  # paired against another method, not base
+    if cell.get("dispatch"):  # set on the command line: cells that differ only in it must not look alike
+        method += " [" + ", ".join(f"{k}={v}" for k, v in sorted(cell["dispatch"].items())) + "]"
     return {"arch": labels[rec["cell_id"]], "method": method,
             "block_size": cell["method"].get("block_size"), "kv": cell["kv"]["name"]}
 

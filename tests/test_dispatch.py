@@ -25,11 +25,9 @@ def _dflash(model, arch, **kw):
     return DFlashA(Target(model, **kw), SimpleNamespace(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch))))
 
 
-def test_both_are_on_by_default_under_cuda_only():
+def test_stable_attention_is_the_default_under_cuda_only_and_staging_never():
     cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
-    want = {"stage_every": dispatch.STAGE_EVERY, "stable_attention": True} if cuda else \
-        {"stage_every": 0, "stable_attention": False}
-    assert dispatch.dispatch_defaults() == want
+    assert dispatch.dispatch_defaults() == {"stage_every": 0, "stable_attention": cuda}
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen35", "gemma4"])
@@ -78,3 +76,13 @@ def test_staged_dispatch_queues_the_graph_every_n_layers(models, monkeypatch):
         queued.clear()
         mx.eval(Target(model, stage_every=every).prefill([1, 2, 3, 4]))
         assert len(queued) == expect, (every, queued)  # never after the last layer: the caller evaluates that
+
+
+def test_report_names_cells_that_set_dispatch_apart():
+    from report.frames import _keys
+
+    rec = {"cell_id": "x", "cell": {"method": {"name": "dflash_a", "block_size": 8}, "kv": {"name": "native"},
+                                   "reference": "dflash_zlab"}}
+    assert _keys(rec, {"x": "llama"})["method"] == "dflash_a vs dflash_zlab"
+    rec["cell"]["dispatch"] = {"stage_every": 4}
+    assert _keys(rec, {"x": "llama"})["method"] == "dflash_a vs dflash_zlab [stage_every=4]"
