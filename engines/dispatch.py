@@ -33,7 +33,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from engines.hidden import decoder
+from engines.hidden import decoder, hooked_layers
+
 
 def dispatch_defaults() -> dict:
     """{stage_every, stable_attention} for the current device (see the module docstring)."""
@@ -41,34 +42,13 @@ def dispatch_defaults() -> dict:
     return {"stage_every": 0, "stable_attention": cuda}
 
 
-class _Stage:
-    """Stands in for one decoder layer: calls it, then queues what has been built so far."""
-
-    def __init__(self, layer):
-        self._layer = layer
-
-    def __call__(self, *args, **kwargs):
-        out = self._layer(*args, **kwargs)
-        mx.async_eval(out[0] if isinstance(out, tuple) else out)  # gemma4 layers return tuples
-        return out
-
-    def __getattr__(self, name):  # is_linear, layer_type, ... as the model expects
-        return getattr(self._layer, name)
-
-
 @contextmanager
 def staged(model: nn.Module, every: int):
     """Within the block, forwards queue their graph after every `every`-th layer (0: never)."""
-    layers = decoder(model).layers
-    picked = list(range(every - 1, len(layers) - 1, every)) if every > 0 else []
-    originals = {i: layers[i] for i in picked}
-    try:
-        for i, layer in originals.items():
-            layers[i] = _Stage(layer)
+    n = len(decoder(model).layers)
+    picked = range(every - 1, n - 1, every) if every > 0 else ()
+    with hooked_layers(model, {i: lambda h: mx.async_eval(h) for i in picked}):
         yield
-    finally:
-        for i, layer in originals.items():
-            layers[i] = layer
 
 
 def attention_modules(model: nn.Module) -> list:

@@ -63,15 +63,14 @@ def activation_dtype(model: nn.Module) -> mx.Dtype:
 
 
 class _Hook:
-    """Stands in for one decoder layer: calls it and keeps its output hidden state."""
+    """Stands in for one decoder layer: calls it and hands its output hidden state to `seen`."""
 
-    def __init__(self, layer, slots: list[int], sink: list):
-        self._layer, self._slots, self._sink = layer, slots, sink
+    def __init__(self, layer, seen):
+        self._layer, self._seen = layer, seen
 
     def __call__(self, *args, **kwargs):
         out = self._layer(*args, **kwargs)
-        for slot in self._slots:  # a layer id listed twice fills both of its slots
-            self._sink[slot] = out[0] if isinstance(out, tuple) else out  # gemma4 layers return tuples
+        self._seen(out[0] if isinstance(out, tuple) else out)  # gemma4 layers return tuples
         return out
 
     def __getattr__(self, name):  # is_linear, layer_type, ... as the model expects
@@ -79,18 +78,35 @@ class _Hook:
 
 
 @contextmanager
+def hooked_layers(model: nn.Module, seen: dict):
+    """Within the block, decoder layer i hands every output hidden state [B, T, H] to
+    seen[i]; the original layers are always put back."""
+    layers = decoder(model).layers
+    originals = {i: layers[i] for i in seen}
+    try:
+        for i, fn in seen.items():
+            layers[i] = _Hook(originals[i], fn)
+        yield
+    finally:
+        for i, layer in originals.items():
+            layers[i] = layer
+
+
+@contextmanager
 def capture_hidden(model: nn.Module, layer_ids: tuple[int, ...]):
     """Within the block, forwards record the outputs of `layer_ids`: sink[i] is [B, T, H]."""
-    layers = decoder(model).layers
     sink: list = [None] * len(layer_ids)
-    originals = {lid: layers[lid] for lid in layer_ids}
-    try:
-        for lid in originals:
-            layers[lid] = _Hook(originals[lid], [s for s, i in enumerate(layer_ids) if i == lid], sink)
+
+    def keep(lid):
+        slots = [s for s, i in enumerate(layer_ids) if i == lid]  # a layer id listed twice fills both
+
+        def put(h):
+            for slot in slots:
+                sink[slot] = h
+        return put
+
+    with hooked_layers(model, {lid: keep(lid) for lid in dict.fromkeys(layer_ids)}):
         yield sink
-    finally:
-        for lid, layer in originals.items():
-            layers[lid] = layer
 
 
 def embed(model: nn.Module, ids: mx.array) -> mx.array:

@@ -24,6 +24,7 @@ def check_overrides(args: list[str]) -> None:
     except Exception:  # noqa: BLE001 -- malformed syntax: Hydra's own message is the useful one
         return
     top = {f.name for f in dataclasses.fields(Config)}
+    sections = {**GROUPS, **NESTED}  # dataclasses whose fields a dotted key may name
     extra = _search_dirs(overrides)
     for o in overrides:
         key = o.key_or_group
@@ -36,9 +37,9 @@ def check_overrides(args: list[str]) -> None:
                 if str(v) not in options:
                     raise ConfigError(f"unknown {key} {v!r}; available: {', '.join(options)} "
                                       f"(files in {conf_dir() / key})")
-        elif "." in key and key.split(".", 1)[0] in {**GROUPS, **NESTED}:
+        elif "." in key and key.split(".", 1)[0] in sections:
             group, field = key.split(".", 1)
-            valid = [f.name for f in dataclasses.fields({**GROUPS, **NESTED}[group])]
+            valid = [f.name for f in dataclasses.fields(sections[group])]
             if field not in valid:
                 raise ConfigError(f"unknown key {key!r}; {group} has: {', '.join(valid)}")
         elif key not in top:
