@@ -131,7 +131,8 @@ class Engine:
         out = {"rollback": self.target.strategy if self.target.layout.recurrent else "trim",
                "cache_types": sorted(set(self.target.layout.types)),
                "verify": getattr(self.cfg, "verify", "batched"),
-               "dispatch": {"stage_every": self.target.stage_every, "stable_attention": self.target.stable_attention}}
+               "dispatch": {"stage_every": self.target.stage_every, "stable_attention": self.target.stable_attention,
+                            "small_m_gemm": self.target.small_m_gemm}}
         if self.target.layout.recurrent:
             out["recurrence"] = backend_path()
         return out

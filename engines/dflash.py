@@ -34,6 +34,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 from engines.base import Draft, DrafterError, Engine, register
 from engines.checkpoint import (check_tensors, qwen3_layer_types, read_config, read_tensors, refuse_unknown,
                                 rope_settings, write_checkpoint)
+from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
 
 
@@ -312,12 +313,13 @@ class DFlash(Engine):
             x = x * self.drafter.config.input_embedding_scale
         self.prof.mark("embed", x)
         hidden = self.context[0] if len(self.context) == 1 else mx.concatenate(self.context, axis=1)
-        ctx = self.drafter.project_context(hidden)  # [1, S, H]
-        self.context = []
-        self.prof.mark("extract", ctx)
-        h = self.drafter(x, ctx, self.dcache)[:, 1:]  # [1, K, H]
-        self.prof.mark("drafter_fwd", h)
-        logits = self.drafter.logits(lm_head(self.target.model, h, softcap=False))[0]  # [K, V]
+        with small_m_linears(self.target.small_m_gemm):  # the drafter's matmuls are over a few rows too
+            ctx = self.drafter.project_context(hidden)  # [1, S, H]
+            self.context = []
+            self.prof.mark("extract", ctx)
+            h = self.drafter(x, ctx, self.dcache)[:, 1:]  # [1, K, H]
+            self.prof.mark("drafter_fwd", h)
+            logits = self.drafter.logits(lm_head(self.target.model, h, softcap=False))[0]  # [K, V]
         tokens, q = self.sampler.propose(logits, len(history) - self.prompt_len)  # [K] on the device
         self.prof.mark("drafter_argmax", tokens)
         return Draft(tokens, q)

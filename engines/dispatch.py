@@ -37,9 +37,10 @@ from engines.hidden import decoder, hooked_layers
 
 
 def dispatch_defaults() -> dict:
-    """{stage_every, stable_attention} for the current device (see the module docstring)."""
+    """{stage_every, stable_attention, small_m_gemm} for the current device (see the module
+    docstring, and engines/gemm.py for the last)."""
     cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
-    return {"stage_every": 0, "stable_attention": cuda}
+    return {"stage_every": 0, "stable_attention": cuda, "small_m_gemm": cuda}
 
 
 @contextmanager

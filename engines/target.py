@@ -13,6 +13,7 @@ import mlx.nn as nn
 
 from engines.cache import Rollback, make_cache, trim_attention
 from engines.dispatch import attention_modules, dispatch_defaults, stable_attention, staged
+from engines.gemm import available as gemm_available, small_m_linears
 from engines.hidden import capture_hidden, vocab_size
 from engines.tree import check_tree_capable, compact, tree_attention
 
@@ -35,12 +36,16 @@ class Target:
     """
 
     def __init__(self, model: nn.Module, kv: str = "native", rollback: str = "capture", kv_group_size: int = 64,
-                 stage_every: int | None = None, stable_attention: bool | None = None):
+                 stage_every: int | None = None, stable_attention: bool | None = None,
+                 small_m_gemm: bool | None = None):
         self.model = model
         self.kv, self.kv_group_size, self.strategy = kv, kv_group_size, rollback
         auto = dispatch_defaults()  # engines/dispatch.py: None = what this device wants
         self.stage_every = auto["stage_every"] if stage_every is None else stage_every
         self.stable_attention = auto["stable_attention"] if stable_attention is None else stable_attention
+        self.small_m_gemm = auto["small_m_gemm"] if small_m_gemm is None else small_m_gemm
+        if self.small_m_gemm and not gemm_available():
+            raise ValueError("small_m_gemm needs MLX's CUDA backend on the default device (engines/gemm.py)")
         self._attention = attention_modules(model) if self.stable_attention else []
         self.hidden_layers: tuple[int, ...] = ()  # layer outputs to keep from every forward (set by drafters)
         self.hidden: mx.array | None = None  # [1, T, len(hidden_layers) * H] of the last forward
@@ -63,7 +68,8 @@ class Target:
         # [T] ids -> [1, T, V] logits; caches advance, offset bookkeeping is the caller's.
         inputs = ids[None]
         self.fed_tokens += ids.shape[0]
-        with staged(self.model, self.stage_every), stable_attention(self._attention):
+        with (staged(self.model, self.stage_every), stable_attention(self._attention),
+              small_m_linears(self.small_m_gemm)):
             if not self.hidden_layers:
                 return self.model(inputs, cache=self.cache)
             with capture_hidden(self.model, self.hidden_layers) as sink:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import mlx.core as mx
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
@@ -75,6 +76,8 @@ class DispatchConfig:
     stage_every: Optional[int] = None  # queue the graph every N layers (default 0 = never: it did not pay on the H200)
     stable_attention: Optional[bool] = None  # multi-token attention over the cache's 256-key buffer, masked,
     #                                          so cuDNN plans per bucket, not per round (default: on under CUDA)
+    small_m_gemm: Optional[bool] = None  # matmuls over 2-16 rows on the harness's tensor-core kernel
+    #                                      (engines/gemm.py; CUDA only; default: on under CUDA)
 
 
 @dataclass
@@ -165,6 +168,9 @@ def validate(cfg) -> None:
     if cfg.dispatch.stage_every is not None and cfg.dispatch.stage_every < 0:
         raise ConfigError(f"dispatch.stage_every={cfg.dispatch.stage_every} is not valid; use null (the device's "
                           "default), 0 (never) or a number of layers >= 1")
+    if cfg.dispatch.small_m_gemm and not mx.cuda.is_available():
+        raise ConfigError("dispatch.small_m_gemm=true needs MLX's CUDA backend (engines/gemm.py is a CUDA kernel); "
+                          "leave it null or false on this machine")
     b = cfg.bench
     for key, low in (("max_new_tokens", 1), ("reps", 1), ("warmup", 0), ("seed", 0), ("cooldown_s", 0)):
         if getattr(b, key) < low:

@@ -144,7 +144,8 @@ def compare_rollbacks(like: Target, ids: list[int], block: int, n: int = 5) -> d
     costs = {}
     for strategy in ROLLBACK_STRATEGIES:
         target = Target(like.model, kv=like.kv, rollback=strategy, kv_group_size=like.kv_group_size,
-                        stage_every=like.stage_every, stable_attention=like.stable_attention)
+                        stage_every=like.stage_every, stable_attention=like.stable_attention,
+                        small_m_gemm=like.small_m_gemm)
         target.prefill(ids)
         start = target.mark()
         pending = ids[-1]

@@ -121,7 +121,8 @@ def _build_arms(model, tokenizer, cfg) -> Arms:
 
     def engine(name, method_cfg):
         target = Target(model, kv=cfg.kv.name, rollback=strategy, kv_group_size=cfg.kv.group_size,
-                        stage_every=cfg.dispatch.stage_every, stable_attention=cfg.dispatch.stable_attention)
+                        stage_every=cfg.dispatch.stage_every, stable_attention=cfg.dispatch.stable_attention,
+                        small_m_gemm=cfg.dispatch.small_m_gemm)
         eng = get_engine(name)(target, method_cfg)
         if getattr(eng, "external", False):
             eng.tokenizer = tokenizer  # reference APIs take one (for stop tokens); ids still go in and out

@@ -25,9 +25,9 @@ def _dflash(model, arch, **kw):
     return DFlashA(Target(model, **kw), SimpleNamespace(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch))))
 
 
-def test_stable_attention_is_the_default_under_cuda_only_and_staging_never():
+def test_stable_attention_and_small_m_gemm_are_the_default_under_cuda_only_and_staging_never():
     cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
-    assert dispatch.dispatch_defaults() == {"stage_every": 0, "stable_attention": cuda}
+    assert dispatch.dispatch_defaults() == {"stage_every": 0, "stable_attention": cuda, "small_m_gemm": cuda}
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen35", "gemma4"])
