@@ -2,12 +2,14 @@
 
 A decode step multiplies 1 row by each weight (a gemv) and a verify of a DFlash block
 multiplies 8; both read the same weight bytes, so both should cost about the same. MLX's
-CUDA backend sends more than one row to a general GEMM, which costs 2-3x its gemv at
-these sizes (H200, bf16: 2048x8192 took 22 us at 8 rows against 10 us at 1). This kernel
-streams each weight row once through m16n8k16 MMAs with the weight as the 16-row operand
-and the few input rows as the 8-column one (measured there: 12-25 us for the same
-shapes). Only the summation order differs from MLX's GEMM (fp32 accumulation in both),
-so outputs agree to bf16 rounding; the divergence check reports what that changes.
+CUDA backend sends more than one row to a general GEMM, which costs 2-3x its gemv at these
+sizes (H200, bf16, 2048->8192: 22-35 us at 8 rows against 10-15 us at 1, two runs). This
+kernel streams each weight row once through m16n8k16 MMAs, the weight as the 16-row
+operand and the few input rows as the 8-column one: 17 us for that shape, 15 / 26 us for
+2048->2048 / 8192->2048 (GEMM: 23 / 35). A llama-1b DFlash round went from 9.46 to
+8.10 ms with it (docs/benchmarks/2026-12-01-h200). Only the summation order differs from
+MLX's GEMM (fp32 accumulation in both), so outputs agree to bf16 rounding; the divergence
+check reports what that changes (at exact ties).
 
 CUDA only; everywhere else, and for any shape it does not take, nn.Linear runs as it is.
 """
