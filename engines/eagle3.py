@@ -53,6 +53,7 @@ from engines.base import Draft, DrafterError, Engine, register
 from engines.cache import trim_attention
 from engines.checkpoint import (check_tensors, qwen3_layer_types, read_config, read_tensors, refuse_unknown,
                                 rope_settings, write_checkpoint)
+from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
 
 LAYER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "rms_norm_eps",
@@ -420,6 +421,10 @@ class Eagle3(Engine):
         return self.drafter.step(e, self.drafter.fuse(feats), self.dcache, start)[:, -1:]
 
     def draft(self, history):
+        with small_m_linears(self.target.small_m_gemm):  # tree levels are a few rows each (engines/gemm.py)
+            return self._draft(history)
+
+    def _draft(self, history):
         depth = self.depth
         root = self._commit_pass(history)
         self.prof.mark("commit_pass", root)

@@ -36,6 +36,7 @@ from mlx_lm.models.cache import KVCache
 from engines.base import Draft, DrafterError, Engine, Unsupported, register
 from engines.cache import trim_attention
 from engines.checkpoint import check_tensors
+from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, decoder, embed, final_norm, lm_head, num_layers, text_model
 
 NORMS = ("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight",
@@ -146,6 +147,10 @@ class MTP(Engine):
         return self.head(x, hidden, self.cache)
 
     def draft(self, history):
+        with small_m_linears(self.target.small_m_gemm):  # its first step covers every accepted position
+            return self._draft(history)
+
+    def _draft(self, history):
         k = self.k
         hidden = self.hidden[0] if len(self.hidden) == 1 else mx.concatenate(self.hidden, axis=1)  # [1, n, H]
         self.hidden = []

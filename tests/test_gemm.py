@@ -71,3 +71,57 @@ def test_the_kernel_computes_the_matmul_to_half_precision_rounding(m, dtype):
         want, got = (x @ w.T).astype(mx.float32), small_m_matmul(x, w).astype(mx.float32)
         scale = mx.abs(want).max().item()
         assert mx.abs(got - want).max().item() <= 2 ** -7 * scale, (m, n, k, dtype)
+
+
+def _engines(model, arch):
+    from types import SimpleNamespace
+
+    from engines.dflash import DFlashA
+    from engines.eagle3 import Eagle3
+    from engines.mtp import MTP
+    from harness import fixtures
+    from tests.test_eagle3 import eagle_cfg
+    from tests.test_mtp import mtp_cfg
+
+    dflash = SimpleNamespace(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch)), verify="batched")
+    yield "dflash_a", lambda **kw: DFlashA(Target(model, **kw), dflash)
+    if arch == "llama":
+        yield "eagle3", lambda **kw: Eagle3(Target(model, **kw), eagle_cfg(arch))
+    if arch == "qwen35":
+        yield "mtp", lambda **kw: MTP(Target(model, **kw), mtp_cfg(fixtures.fixture_dir("qwen35"), 3))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen35"])
+def test_drafting_engines_send_their_verify_and_draft_matmuls_to_the_kernel_and_keep_their_output(
+        models, monkeypatch, arch):
+    # The kernel is emulated by the matmul nn.Linear itself runs (float32, any K): what is
+    # tested is which forwards reach it, and that routing alone changes nothing.
+    from tests.helpers import generate_ids
+
+    model, tok = models[arch]
+    ids = tok.encode("def add(a, b):")
+    calls = {"verify": 0, "draft": 0}
+    phase = ["draft"]
+    monkeypatch.setattr("engines.target.gemm_available", lambda: True)
+    monkeypatch.setattr(gemm, "takes", lambda rows, w, dtype: 2 <= rows <= gemm.MAX_ROWS)
+
+    def matmul(x, w):
+        calls[phase[0]] += 1
+        return x @ w.T
+    monkeypatch.setattr(gemm, "small_m_matmul", matmul)
+    for name, make in _engines(model, arch):
+        plain = generate_ids(make(small_m_gemm=False), ids, 24)
+        eng = make(small_m_gemm=True)
+        verify, draft = eng.verify, eng.draft
+
+        def in_phase(label, fn):
+            def run(*a):
+                phase[0] = label
+                return fn(*a)
+            return run
+        eng.verify, eng.draft = in_phase("verify", verify), in_phase("draft", draft)
+        calls.update(verify=0, draft=0)
+        routed = generate_ids(eng, ids, 24)
+        assert routed.tokens == plain.tokens, name
+        assert [r.accepted for r in routed.rounds] == [r.accepted for r in plain.rounds], name
+        assert calls["verify"] > 0 and calls["draft"] > 0, (name, calls)
