@@ -119,11 +119,32 @@ def _kernel(q, k, v, g, beta, state, keep_states: bool):
     return out[0], out[1], (out[2] if keep_states else None)  # states: [T, B, Hv, Dv, Dk]
 
 
+def _metal(q) -> bool:
+    return mx.default_device() == mx.gpu and mx.metal.is_available() and q.shape[-1] % 32 == 0
+
+
 def _fallback(q, k, v, g, beta, state, mask):
     # mlx-lm's own path: its Metal kernel where it has one, else the ops loop.
-    if mx.default_device() == mx.gpu and mx.metal.is_available() and q.shape[-1] % 32 == 0:
+    if _metal(q):
         return gd.gated_delta_kernel(q, k, v, g, beta, state, mask)
     return gd.gated_delta_ops(q, k, v, g, beta, state, mask)
+
+
+_STEP = getattr(gd, "_gated_delta_step_ops", None)  # mlx-lm's compiled single step (private: may go away)
+
+
+def _stepped_ops(q, k, v, g, beta, state, mask):
+    # mlx-lm's ops loop written out, keeping the state after every step: the same compiled
+    # step, so the same numbers as T single-token calls, without T-fold head repeats and stacks.
+    Hk, Hv = q.shape[2], v.shape[2]
+    if Hv // Hk > 1:
+        q, k = mx.repeat(q, Hv // Hk, -2), mx.repeat(k, Hv // Hk, -2)
+    ys, states = [], []
+    for t in range(q.shape[1]):
+        y, state = _STEP(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state, None if mask is None else mask[:, t])
+        ys.append(y)
+        states.append(state)
+    return mx.stack(ys, axis=1), state, states
 
 
 def recurrence(q, k, v, g, beta, state, mask=None, keep_states: bool = False):
@@ -132,6 +153,8 @@ def recurrence(q, k, v, g, beta, state, mask=None, keep_states: bool = False):
         return _kernel(q, k, v, g, beta, state, keep_states)
     if not keep_states:
         return (*_fallback(q, k, v, g, beta, state, mask), None)
+    if not _metal(q) and _STEP is not None:
+        return _stepped_ops(q, k, v, g, beta, state, mask)
     ys, states = [], []
     for t in range(q.shape[1]):  # one step at a time: exactly what single-token decode computes
         s = slice(t, t + 1)

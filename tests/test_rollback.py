@@ -129,3 +129,26 @@ def test_rewind_to_a_mark_restores_the_cache_exactly(models, arch):
         t.rewind(mark)
     assert _max_diff(t, fresh) <= TOL
     assert mx.abs(t.verify([5, 6]) - fresh.forward([5, 6])).max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("hk, hv, masked", [(2, 2, False), (2, 4, False), (2, 4, True)])
+def test_capture_steps_equal_single_token_recurrences_bit_for_bit(hk, hv, masked):
+    # What capture keeps must be what T single-token decodes would have computed.
+    from mlx_lm.models import gated_delta as gd
+
+    from engines.deltanet import recurrence
+
+    B, T, D = 1, 6, 32
+    mx.random.seed(3)
+    q, k = mx.random.normal((B, T, hk, D)), mx.random.normal((B, T, hk, D))
+    v = mx.random.normal((B, T, hv, D))
+    g, beta = mx.sigmoid(mx.random.normal((B, T, hv))), mx.sigmoid(mx.random.normal((B, T, hv)))
+    state = mx.random.normal((B, hv, D, D))
+    mask = mx.array([[True, True, False, True, True, True]]) if masked else None
+    y, final, states = recurrence(q, k, v, g, beta, state, mask, keep_states=True)
+    s = state
+    for t in range(T):
+        yt, s = gd.gated_delta_ops(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], g[:, t:t + 1], beta[:, t:t + 1], s,
+                                   None if mask is None else mask[:, t:t + 1])
+        assert mx.array_equal(yt, y[:, t:t + 1]).item() and mx.array_equal(s, states[t]).item(), t
+    assert mx.array_equal(s, final).item()
