@@ -68,12 +68,18 @@ class Target:
         # [T] ids -> [1, T, V] logits; caches advance, offset bookkeeping is the caller's.
         inputs = ids[None]
         self.fed_tokens += ids.shape[0]
+        if ids.shape[0] == 1 and not self.stage_every:  # a decode step: stable attention and the
+            return self._run(inputs)                    # few-row kernel never touch one token
         with (staged(self.model, self.stage_every), stable_attention(self._attention),
               small_m_linears(self.small_m_gemm)):
-            if not self.hidden_layers:
-                return self.model(inputs, cache=self.cache)
-            with capture_hidden(self.model, self.hidden_layers) as sink:
-                logits = self.model(inputs, cache=self.cache)
+            return self._run(inputs)
+
+    def _run(self, inputs: mx.array) -> mx.array:
+        # [1, T] -> [1, T, V], keeping the hidden states drafters read.
+        if not self.hidden_layers:
+            return self.model(inputs, cache=self.cache)
+        with capture_hidden(self.model, self.hidden_layers) as sink:
+            logits = self.model(inputs, cache=self.cache)
         self.hidden = mx.concatenate(sink, axis=-1)  # [1, T, n * H]
         return logits
 
