@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import mlx.core as mx
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
@@ -134,6 +133,7 @@ def _one_of(what: str, value, valid) -> None:
 def validate(cfg) -> None:
     """Check every value the schema cannot; raises ConfigError."""
     from engines.base import get_engine
+    from engines.gemm import available as gemm_available
 
     try:
         engine = get_engine(cfg.method.name)
@@ -168,7 +168,7 @@ def validate(cfg) -> None:
     if cfg.dispatch.stage_every is not None and cfg.dispatch.stage_every < 0:
         raise ConfigError(f"dispatch.stage_every={cfg.dispatch.stage_every} is not valid; use null (the device's "
                           "default), 0 (never) or a number of layers >= 1")
-    if cfg.dispatch.small_m_gemm and not mx.cuda.is_available():
+    if cfg.dispatch.small_m_gemm and not gemm_available():  # the check Target makes, before any model loads
         raise ConfigError("dispatch.small_m_gemm=true needs MLX's CUDA backend (engines/gemm.py is a CUDA kernel); "
                           "leave it null or false on this machine")
     b = cfg.bench
