@@ -37,7 +37,7 @@ __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint
 }
 """
 
-_SOURCE = r"""
+_BODY = r"""
     // x [M, K], w [N, K] row contiguous -> y [M, N]. A block owns 16 output features; its
     // WARPS warps split K. Within a 32-wide k chunk a lane loads 8 contiguous values of each
     // of its rows: a dot product is the same sum in any k order, so A (w) and B (x) share one
@@ -45,16 +45,15 @@ _SOURCE = r"""
     constexpr int NT = (M + 7) / 8;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int g = lane >> 2, t = lane & 3;
-    int n0 = blockIdx.y * 16;
-    const T* w0 = w + (size_t)(n0 + g) * K + 8 * t;
-    const T* w1 = w0 + (size_t)8 * K;
+    const T* wa = w + (size_t)(n0 + g) * K + 8 * t;  // this lane's rows g and g + 8
+    const T* wb = wa + (size_t)8 * K;
     float c[NT][4];
     #pragma unroll
     for (int i = 0; i < NT; ++i) { c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f; }
     #pragma unroll 4
     for (int kb = warp * 32; kb < K; kb += WARPS * 32) {
-      uint4 lo = __ldg(reinterpret_cast<const uint4*>(w0 + kb));
-      uint4 hi = __ldg(reinterpret_cast<const uint4*>(w1 + kb));
+      uint4 lo = __ldg(reinterpret_cast<const uint4*>(wa + kb));
+      uint4 hi = __ldg(reinterpret_cast<const uint4*>(wb + kb));
       uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y}, a1[4] = {lo.z, hi.z, lo.w, hi.w};
       #pragma unroll
       for (int i = 0; i < NT; ++i) {
@@ -85,14 +84,34 @@ _SOURCE = r"""
     }
 """
 
-_KERNEL = (mx.fast.cuda_kernel("harness_small_m_gemm", ["x", "w"], ["y"], _SOURCE, header=_HEADER)
-           if mx.cuda.is_available() else None)
-_LAUNCH: dict = {}  # (M, K, N, dtype) -> the kernel's keyword arguments, built once per shape
+
+def _prelude(n: int) -> str:
+    # Block y-index -> which of the n weights (w0..w{n-1}, template widths N0..) it multiplies
+    # and its 16 features there: one launch for n linears that read the same x. Every block
+    # runs the same code whichever weight it reads, so each output is bit-identical to the
+    # one a launch of that weight alone would give.
+    lines, end = [], "0"
+    for j in range(n):
+        start, end = end, f"{end} + N{j} / 16"
+        lines.append(f"{'if' if j == 0 else 'else if'} (tile < {end}) "
+                     f"{{ w = w{j}; y = y{j}; N = N{j}; n0 = (tile - ({start})) * 16; }}")
+    return ("    int tile = blockIdx.y, N = 0, n0 = 0;\n    const T* w = nullptr;\n    T* y = nullptr;\n    "
+            + "\n    ".join(lines) + "\n")
+
+
+def _kernel(n: int):
+    names = [f"w{j}" for j in range(n)]
+    return mx.fast.cuda_kernel(f"harness_small_m_gemm{n}", ["x", *names], [f"y{j}" for j in range(n)],
+                               _prelude(n) + _BODY, header=_HEADER)
+
+
+_KERNELS: dict = {}  # number of weights -> the compiled kernel object (CUDA only)
+_LAUNCH: dict = {}  # (M, K, widths, dtype) -> the kernel's keyword arguments, built once per shape
 
 
 def available() -> bool:
     """Whether this process can run the kernel (MLX's CUDA backend on the default device)."""
-    return _KERNEL is not None and mx.default_device() == mx.gpu
+    return mx.cuda.is_available() and mx.default_device() == mx.gpu
 
 
 def takes(rows: int, weight: mx.array, dtype) -> bool:
@@ -102,40 +121,101 @@ def takes(rows: int, weight: mx.array, dtype) -> bool:
             and N % 16 == 0 and K % (32 * WARPS) == 0)
 
 
+def grouped_matmul(x: mx.array, ws: list) -> list:
+    """x [M, K] @ w.T for each w [N_j, K] in one launch -> [[M, N_j]] (callers check takes())."""
+    M, K = x.shape
+    widths = tuple(w.shape[0] for w in ws)
+    key = (M, K, widths, x.dtype)
+    if key not in _LAUNCH:
+        _LAUNCH[key] = dict(template=[("T", x.dtype), ("M", M), ("K", K), ("WARPS", WARPS),
+                                      *((f"N{j}", n) for j, n in enumerate(widths))],
+                            grid=(32 * WARPS, sum(widths) // 16, 1), threadgroup=(32 * WARPS, 1, 1),
+                            output_shapes=[(M, n) for n in widths], output_dtypes=[x.dtype] * len(ws))
+    if len(ws) not in _KERNELS:
+        _KERNELS[len(ws)] = _kernel(len(ws))
+    return _KERNELS[len(ws)](inputs=[x, *ws], **_LAUNCH[key])
+
+
 def small_m_matmul(x: mx.array, w: mx.array) -> mx.array:
     """x [M, K] @ w[N, K].T -> [M, N] on the kernel (callers check takes())."""
-    M, K = x.shape
-    N = w.shape[0]
-    key = (M, K, N, x.dtype)
-    if key not in _LAUNCH:
-        _LAUNCH[key] = dict(template=[("T", x.dtype), ("M", M), ("K", K), ("N", N), ("WARPS", WARPS)],
-                            grid=(32 * WARPS, N // 16, 1), threadgroup=(32 * WARPS, 1, 1),
-                            output_shapes=[(M, N)], output_dtypes=[x.dtype])
-    return _KERNEL(inputs=[x, w], **_LAUNCH[key])[0]
+    return grouped_matmul(x, [w])[0]
 
 
-def _linear(original, matmul):
+class _Runs:
+    """Linears that read one input one after another (q/k/v, gate/up, a DeltaNet's in_proj_*):
+    learned from the calls, then launched as one. The first routed forward runs each linear
+    alone and records which consecutive calls shared their input array; from then on the
+    first of such a run launches the whole run (grouped_matmul) and leaves each other
+    member's output beside it, handed over only if that member is called with the very same
+    array. A call pattern that changes costs a wasted output, never a wrong one."""
+
+    def __init__(self):
+        self.run, self.x = [], None  # the current run of routed calls and the input they share
+        self.stashed = []  # modules holding an output for a later call (cleared on exit)
+
+    def see(self, module, x) -> None:
+        if x is self.x and all(m is not module for m in self.run):
+            self.run.append(module)
+            return
+        self.close()
+        self.run, self.x = [module], x
+
+    def close(self) -> None:
+        if len(self.run) > 1 and "_sm_group" not in vars(self.run[0]):
+            object.__setattr__(self.run[0], "_sm_group", tuple(self.run))
+        self.run, self.x = [], None
+
+    def stash(self, module, x, y) -> None:
+        object.__setattr__(module, "_sm_stash", (x, y))
+        self.stashed.append(module)
+
+    def clear(self) -> None:
+        self.close()
+        for m in self.stashed:
+            object.__setattr__(m, "_sm_stash", None)
+        self.stashed = []
+
+
+def _linear(original, matmul, grouped, runs: _Runs):
     def __call__(self, x):
         # x [..., K] with 2-16 rows in all -> [..., N]
         rows = x.size // x.shape[-1]
         if not takes(rows, self.weight, x.dtype):
             return original(self, x)
-        y = matmul(x.reshape(rows, -1), self.weight).reshape(*x.shape[:-1], -1)
+        own = vars(self)
+        stash = own.get("_sm_stash")
+        if stash is not None and stash[0] is x:  # a run's launcher computed this already
+            object.__setattr__(self, "_sm_stash", None)
+            y = stash[1]
+        else:
+            group = own.get("_sm_group")
+            x2 = x.reshape(rows, -1)
+            if group is None:
+                y = matmul(x2, self.weight)
+            else:
+                y, *rest = grouped(x2, [m.weight for m in group])
+                for m, out in zip(group[1:], rest):
+                    runs.stash(m, x, out)
+            runs.see(self, x)
+        y = y.reshape(*x.shape[:-1], -1)
         return y + self.bias if "bias" in self else y
     __call__.small_m = True
     return __call__
 
 
 @contextmanager
-def small_m_linears(enabled: bool, matmul=None):
-    """Within the block, every nn.Linear over 2-16 rows in bf16/fp16 runs small_m_matmul
-    (or `matmul`, for tests). Quantized layers are their own class and stay as they are."""
+def small_m_linears(enabled: bool, matmul=None, grouped=None):
+    """Within the block, every nn.Linear over 2-16 rows in bf16/fp16 runs small_m_matmul, and
+    linears that read the same input run as one grouped_matmul launch (`_Runs`); `matmul` and
+    `grouped` replace the two for tests. Quantized layers are their own class and stay as they are."""
     original = nn.Linear.__call__
     if not enabled or getattr(original, "small_m", False):
         yield
         return
-    nn.Linear.__call__ = _linear(original, matmul or small_m_matmul)
+    runs = _Runs()
+    nn.Linear.__call__ = _linear(original, matmul or small_m_matmul, grouped or grouped_matmul, runs)
     try:
         yield
     finally:
         nn.Linear.__call__ = original
+        runs.clear()

@@ -6,7 +6,7 @@ import mlx.nn as nn
 import pytest
 
 from engines import gemm
-from engines.gemm import small_m_linears, small_m_matmul
+from engines.gemm import grouped_matmul, small_m_linears, small_m_matmul
 from engines.target import Target
 from harness.config import ConfigError, validate
 from tests.test_config import cfg
@@ -73,6 +73,63 @@ def test_the_kernel_computes_the_matmul_to_half_precision_rounding(m, dtype):
         assert mx.abs(got - want).max().item() <= 2 ** -7 * scale, (m, n, k, dtype)
 
 
+@pytest.mark.skipif(not CUDA, reason="the kernel is CUDA only")
+@pytest.mark.parametrize("m", [2, 8, 16])
+def test_a_grouped_launch_gives_each_weight_exactly_what_its_own_launch_gives(m):
+    x = mx.random.normal((m, 2048)).astype(mx.bfloat16)
+    ws = [(mx.random.normal((n, 2048)) * 2048 ** -0.5).astype(mx.bfloat16) for n in (2048, 512, 512)]
+    for got, w in zip(grouped_matmul(x, ws), ws):
+        assert mx.array_equal(got, small_m_matmul(x, w)).item(), w.shape
+    a, b = grouped_matmul(x, ws[1:])
+    assert mx.array_equal(a, small_m_matmul(x, ws[1])).item() and mx.array_equal(b, small_m_matmul(x, ws[2])).item()
+
+
+def _emulated(log):
+    # the kernel emulated by a plain matmul; log gets one entry per launch: the widths it covered
+    def single(x, w):
+        log.append((w.shape[0],))
+        return x @ w.T
+
+    def grouped(x, ws):
+        log.append(tuple(w.shape[0] for w in ws))
+        return [x @ w.T for w in ws]
+    return single, grouped
+
+
+def test_linears_that_read_one_input_in_turn_are_learned_then_launched_as_one(models, monkeypatch):
+    model = models["llama"][0]
+    forget = lambda: [vars(m).pop("_sm_group", None) for _, m in model.named_modules()]
+    forget()  # runs other tests' forwards taught this shared fixture model
+    monkeypatch.setattr(gemm, "takes", lambda rows, w, dtype: 2 <= rows <= gemm.MAX_ROWS)
+    ids = mx.array([[5, 6, 7, 8]])
+    want = model(ids)  # no routing at all
+    a = model.layers[0].self_attn
+    q, k, v, o = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0], a.v_proj.weight.shape[0], a.o_proj.weight.shape[0]
+    gate, up = model.layers[0].mlp.gate_proj.weight.shape[0], model.layers[0].mlp.up_proj.weight.shape[0]
+    down, head = model.layers[0].mlp.down_proj.weight.shape[0], model.lm_head.weight.shape[0]
+    for fresh in (True, False):
+        log = []
+        with small_m_linears(True, *_emulated(log)):
+            got = model(ids)
+        assert mx.array_equal(got, want).item()
+        n = len(model.layers)
+        if fresh:  # the first forward learns: every linear alone
+            assert log == [(q,), (k,), (v,), (o,), (gate,), (up,), (down,)] * n + [(head,)]
+        else:  # then q/k/v and gate/up go as one launch each, and nothing is computed twice
+            assert log == [(q, k, v), (o,), (gate, up), (down,)] * n + [(head,)]
+    # a member's output is handed over only for the very input its launcher saw
+    x, y = mx.random.normal((4, a.q_proj.weight.shape[1])), mx.random.normal((4, a.q_proj.weight.shape[1]))
+    log = []
+    with small_m_linears(True, *_emulated(log)):
+        a.q_proj(x)
+        got_k, got_v = a.k_proj(y), a.v_proj(x)
+    assert log == [(q, k, v), (k,)]
+    assert mx.array_equal(got_k, y @ a.k_proj.weight.T).item()
+    assert mx.array_equal(got_v, x @ a.v_proj.weight.T).item()
+    assert all(vars(m).get("_sm_stash") is None for m in (a.q_proj, a.k_proj, a.v_proj))  # nothing held after the block
+    forget()
+
+
 def _engines(model, arch):
     from types import SimpleNamespace
 
@@ -100,7 +157,7 @@ def test_drafting_engines_send_their_verify_and_draft_matmuls_to_the_kernel_and_
 
     model, tok = models[arch]
     ids = tok.encode("def add(a, b):")
-    calls = {"verify": 0, "draft": 0}
+    calls = {"verify": 0, "draft": 0, "grouped verify": 0, "grouped draft": 0}
     phase = ["draft"]
     monkeypatch.setattr("engines.target.gemm_available", lambda: True)
     monkeypatch.setattr(gemm, "takes", lambda rows, w, dtype: 2 <= rows <= gemm.MAX_ROWS)
@@ -108,7 +165,12 @@ def test_drafting_engines_send_their_verify_and_draft_matmuls_to_the_kernel_and_
     def matmul(x, w):
         calls[phase[0]] += 1
         return x @ w.T
+
+    def grouped(x, ws):
+        calls[f"grouped {phase[0]}"] += 1
+        return [x @ w.T for w in ws]
     monkeypatch.setattr(gemm, "small_m_matmul", matmul)
+    monkeypatch.setattr(gemm, "grouped_matmul", grouped)
     for name, make in _engines(model, arch):
         plain = generate_ids(make(small_m_gemm=False), ids, 24)
         eng = make(small_m_gemm=True)
@@ -120,8 +182,8 @@ def test_drafting_engines_send_their_verify_and_draft_matmuls_to_the_kernel_and_
                 return fn(*a)
             return run
         eng.verify, eng.draft = in_phase("verify", verify), in_phase("draft", draft)
-        calls.update(verify=0, draft=0)
+        calls.update({c: 0 for c in calls})
         routed = generate_ids(eng, ids, 24)
         assert routed.tokens == plain.tokens, name
         assert [r.accepted for r in routed.rounds] == [r.accepted for r in plain.rounds], name
-        assert calls["verify"] > 0 and calls["draft"] > 0, (name, calls)
+        assert all(calls[c] > 0 for c in ("verify", "draft", "grouped verify")), (name, calls)
