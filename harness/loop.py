@@ -6,6 +6,9 @@ and emitted tokens); rollback then queues its work on top. Engines that never dr
 (base, control) run pipelined as mlx-lm's generate_step does: the next step is queued
 before the current token is read, so the device never waits for Python.
 
+Engines run on the stream mlx-lm generates on (mlx_lm.generate.generation_stream), as both
+reference arms do, so every arm of a cell queues its work the same way.
+
 Clock reads: the prefill's end (its first token), each round's end (its outcome read),
 and -- only when profiling is on -- each phase boundary, behind an mx.eval barrier.
 With profiling off, phase marks are no-ops and nothing else synchronises.
@@ -18,10 +21,14 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import mlx.core as mx
+from mlx_lm.generate import generation_stream
 
 from engines.base import Draft, Engine, NullProfiler
 from engines.sampling import Sampler, accept_deterministic, accept_speculative
 from engines.tree import accept_tree_greedy, tree_depths
+
+
+STREAM = generation_stream
 
 
 class Profiler:
@@ -69,7 +76,8 @@ def generate(engine: Engine, prompt: list[int], max_new_tokens: int, sampler: Sa
         yield from engine.generate(prompt, max_new_tokens, sampler, stop_tokens)
         return
     t0 = time.perf_counter()
-    first = sampler.choose(engine.prefill(prompt)[None], 0)  # [1]
+    with mx.stream(STREAM):
+        first = sampler.choose(engine.prefill(prompt)[None], 0)  # [1]
     if not engine.drafts and not profile:
         yield from _pipelined(engine, first, t0, max_new_tokens, sampler, stop_tokens)
         return
@@ -79,7 +87,8 @@ def generate(engine: Engine, prompt: list[int], max_new_tokens: int, sampler: Sa
     history = [*prompt, token]
     produced = 1
     while produced < max_new_tokens and token not in stop_tokens:
-        round_ = _round(engine, history, max_new_tokens - produced, sampler, produced, prof)
+        with mx.stream(STREAM):
+            round_ = _round(engine, history, max_new_tokens - produced, sampler, produced, prof)
         t2 = time.perf_counter()
         round_.seconds, t1 = t2 - t1, t2
         stops = [i for i, t in enumerate(round_.emitted) if t in stop_tokens]
@@ -98,8 +107,9 @@ def _pipelined(engine: Engine, token: mx.array, t0: float, max_new_tokens: int, 
     empty = Draft()
 
     def step(tok: mx.array, pos: int) -> mx.array:
-        nxt = sampler.choose(engine.verify(tok, empty), pos)  # [1]
-        engine.rollback(0, empty)
+        with mx.stream(STREAM):
+            nxt = sampler.choose(engine.verify(tok, empty), pos)  # [1]
+            engine.rollback(0, empty)
         mx.async_eval(nxt)
         return nxt
 
