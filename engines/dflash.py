@@ -155,7 +155,8 @@ class DFlashAttention(nn.Module):
         x = x.reshape(*x.shape[:2], n, -1)
         return (norm(x) if norm else x).transpose(0, 2, 1, 3)
 
-    def __call__(self, x, ctx, rope, cache: KVCache | None = None, anchors: mx.array | None = None):
+    def __call__(self, x, ctx, rope, cache: KVCache | None = None, anchors: mx.array | None = None,
+                 masks: dict | None = None):
         """x: [B, L, H] block; ctx: [B, S, H] projected context.
 
         Decoding (cache): ctx holds the new context positions; all context so far is
@@ -163,35 +164,60 @@ class DFlashAttention(nn.Module):
         ctx covers whole sequences and row b's block starts at anchors[b], seeing
         only context positions before it.
         """
-        B, L, S = x.shape[0], x.shape[1], ctx.shape[1]
-        ctx_k = self._heads(self.k_proj(ctx), self.n_kv, self.k_norm)
-        ctx_v = self._heads(self.v_proj(ctx), self.n_kv)
         if cache is not None:
-            start = cache.offset
-            keys, values = cache.update_and_fetch(rope(ctx_k, offset=start), ctx_v)  # [1, Hkv, C, D]
-            if self.stable:  # the whole buffer, its unwritten tail masked: one cuDNN plan per 256 keys
-                keys, values = cache.keys, cache.values
-            block_start, n_ctx = start + S, start + S
-        else:
-            keys, values = rope(ctx_k, offset=0), ctx_v
-            block_start, n_ctx = anchors, anchors[:, None, None, None]
-        q = rope(self._heads(self.q_proj(x), self.n_heads, self.q_norm), offset=block_start)
-        bk = rope(self._heads(self.k_proj(x), self.n_kv, self.k_norm), offset=block_start)
+            return self._decode(x, ctx, rope, cache, masks if masks is not None else {})
+        B, L = x.shape[:2]
+        keys = rope(self._heads(self.k_proj(ctx), self.n_kv, self.k_norm), offset=0)
+        values = self._heads(self.v_proj(ctx), self.n_kv)
+        q = rope(self._heads(self.q_proj(x), self.n_heads, self.q_norm), offset=anchors)
+        bk = rope(self._heads(self.k_proj(x), self.n_kv, self.k_norm), offset=anchors)
         bv = self._heads(self.v_proj(x), self.n_kv)
-        C = keys.shape[2]
-        qpos = n_ctx + mx.arange(L)[:, None]  # [.., L, 1] absolute query positions
+        C, n_ctx = keys.shape[2], anchors[:, None, None, None]
+        qpos = n_ctx + mx.arange(L)[:, None]  # [B, 1, L, 1] absolute query positions
         kpos = mx.arange(C + L)[None]  # [1, C + L]: context positions, then the block
-        visible = kpos < n_ctx  # context before the block (all of it when decoding), by absolute position
+        visible = kpos < n_ctx  # context before the block, by absolute position
         if self.window:
             visible = visible & (qpos - kpos < self.window)
         block = kpos >= C
         if self.causal:  # block row i sees rows 0..i
             block = block & (kpos - C <= qpos - n_ctx)
-        plain = cache is not None and not self.window and not self.causal and C == n_ctx  # all visible: no mask
         out = mx.fast.scaled_dot_product_attention(q, mx.concatenate([keys, bk], axis=2),
                                                    mx.concatenate([values, bv], axis=2), scale=self.scale,
-                                                   mask=None if plain else visible | block)
+                                                   mask=visible | block)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    def _decode(self, x, ctx, rope, cache: KVCache, masks: dict):
+        # The new context and the block sit at consecutive positions, so their K/V are one
+        # projection over [ctx; block] rows, one norm, one rope, and one cache write; the
+        # block's rows are dropped from the cache again after attending (offset moves back).
+        B, L, S = x.shape[0], x.shape[1], ctx.shape[1]
+        start = cache.offset
+        rows = mx.concatenate([ctx, x], axis=1)  # [1, S + L, H]
+        k = rope(self._heads(self.k_proj(rows), self.n_kv, self.k_norm), offset=start)
+        keys, values = cache.update_and_fetch(k, self._heads(self.v_proj(rows), self.n_kv))  # [1, Hkv, n+L, D]
+        if self.stable:  # the whole buffer, its unwritten tail masked: one cuDNN plan per 256 keys
+            keys, values = cache.keys, cache.values
+        cache.offset -= L
+        q = rope(self._heads(self.q_proj(x), self.n_heads, self.q_norm), offset=start + S)
+        key = (self.window, self.causal, keys.shape[2])
+        if key not in masks:  # layers alike share one mask per forward
+            masks[key] = _block_mask(start + S, L, keys.shape[2], self.window, self.causal)
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=masks[key])
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+def _block_mask(n_ctx: int, L: int, C: int, window: int | None, causal: bool) -> mx.array | None:
+    """[L, C] which keys each block row sees: context before the block (within `window`), and
+    the block itself (rows 0..i if causal); keys past the block are never seen. None: all."""
+    if C == n_ctx + L and not window and not causal:
+        return None
+    qpos = n_ctx + mx.arange(L)[:, None]  # [L, 1] absolute query positions
+    kpos = mx.arange(C)[None]  # [1, C]
+    visible = kpos < n_ctx
+    if window:
+        visible = visible & (qpos - kpos < window)
+    block = (kpos >= n_ctx) & (kpos <= (qpos if causal else n_ctx + L - 1))
+    return visible | block
 
 
 class DFlashLayer(nn.Module):
@@ -202,8 +228,8 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def __call__(self, x, ctx, rope, cache=None, anchors=None):
-        h = x + self.self_attn(self.input_layernorm(x), ctx, rope, cache, anchors)
+    def __call__(self, x, ctx, rope, cache=None, anchors=None, masks=None):
+        h = x + self.self_attn(self.input_layernorm(x), ctx, rope, cache, anchors, masks)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -238,9 +264,9 @@ class DFlashDrafter(nn.Module):
                  anchors: mx.array | None = None) -> mx.array:
         """[B, L, H] block embeddings + [B, S, H] context -> [B, L, H] normed hidden states
         (decoding with `cache`, or training with per-row block `anchors`)."""
-        h = block_embeds
+        h, masks = block_embeds, {}
         for i, layer in enumerate(self.layers):
-            h = layer(h, ctx, self._rope, cache[i] if cache is not None else None, anchors)
+            h = layer(h, ctx, self._rope, cache[i] if cache is not None else None, anchors, masks)
         return self.norm(h)
 
 
