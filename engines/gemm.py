@@ -9,7 +9,8 @@ operand and the few input rows as the 8-column one: 17 us for that shape, 15 / 2
 2048->2048 / 8192->2048 (GEMM: 23 / 35). A llama-1b DFlash round went from 9.46 to
 8.10 ms with it (docs/benchmarks/2026-12-01-h200). Only the summation order differs from
 MLX's GEMM (fp32 accumulation in both), so outputs agree to bf16 rounding; the divergence
-check reports what that changes (at exact ties).
+check reports what that changes (at exact ties). Linears that read one input in turn run as
+one launch (`_Runs`): a llama verify goes from 7 to 4 matmul launches per layer.
 
 CUDA only; everywhere else, and for any shape it does not take, nn.Linear runs as it is.
 """
