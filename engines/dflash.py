@@ -197,7 +197,7 @@ class DFlashAttention(nn.Module):
         keys, values = cache.update_and_fetch(k, self._heads(self.v_proj(rows), self.n_kv))  # [1, Hkv, n+L, D]
         if self.stable:  # the whole buffer, its unwritten tail masked: one cuDNN plan per 256 keys
             keys, values = cache.keys, cache.values
-        cache.offset -= L
+        cache.trim(L)  # the block was written only to be attended to
         q = rope(self._heads(self.q_proj(x), self.n_heads, self.q_norm), offset=start + S)
         key = (self.window, self.causal, keys.shape[2])
         if key not in masks:  # layers alike share one mask per forward
