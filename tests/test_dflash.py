@@ -123,3 +123,30 @@ def test_a_bad_drafter_stops_the_run_with_one_line_and_no_record(tmp_path, model
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 2 and lines[1].startswith("error: ") and "mask_token_id 99999" in lines[1], r.stderr
     assert not list(out.glob("*.json"))
+
+
+@pytest.mark.parametrize("stable", [False, True])
+@pytest.mark.parametrize("layer_types,is_causal", [(("full_attention", "full_attention"), None),
+                                                   (("full_attention", "sliding_attention"), None),
+                                                   (("full_attention", "full_attention"), True)])
+def test_a_decode_step_attends_like_the_training_forward_over_the_same_context(layer_types, is_causal, stable):
+    # Decoding writes context to the drafter's cache round by round (and the block's K/V only
+    # for the forward that attends to them); training sees all context at once with the block
+    # anchored after it. Same positions, same visibility: the same hidden states.
+    cfg = DFlashConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, intermediate_size=128, rms_norm_eps=1e-6, max_position_embeddings=512,
+                       block_size=4, target_layer_ids=(0,), mask_token_id=0, layer_types=layer_types,
+                       sliding_window=3 if "sliding_attention" in layer_types else None, is_causal=is_causal)
+    mx.random.seed(3)
+    drafter = DFlashDrafter(cfg)
+    for layer in drafter.layers:
+        layer.self_attn.stable = stable
+    ctx1, ctx2 = mx.random.normal((1, 6, 64)), mx.random.normal((1, 2, 64))
+    x1, x2 = mx.random.normal((1, 4, 64)), mx.random.normal((1, 4, 64))
+    cache = drafter.make_cache()
+    drafter(x1, ctx1, cache)
+    assert [c.offset for c in cache] == [6, 6]  # the block's rows are not kept
+    decoded = drafter(x2, ctx2, cache)
+    assert [c.offset for c in cache] == [8, 8]
+    trained = drafter(x2, mx.concatenate([ctx1, ctx2], axis=1), anchors=mx.array([8]))
+    assert mx.allclose(decoded, trained, atol=1e-5).item(), mx.abs(decoded - trained).max().item()
