@@ -18,6 +18,7 @@ CUDA only; everywhere else, and for any shape it does not take, nn.Linear runs a
 from __future__ import annotations
 
 from contextlib import contextmanager
+from math import prod
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -106,8 +107,8 @@ def _kernel(n: int):
                                _prelude(n) + _BODY, header=_HEADER)
 
 
-_KERNELS: dict = {}  # number of weights -> the compiled kernel object (CUDA only)
-_LAUNCH: dict = {}  # (M, K, widths, dtype) -> the kernel's keyword arguments, built once per shape
+_KERNELS: dict = {}  # number of weights -> the kernel object (CUDA only)
+_CALLS: dict = {}  # (x's shape, widths, dtype) -> its launch, traced once by mx.compile
 
 
 def available() -> bool:
@@ -122,23 +123,33 @@ def takes(rows: int, weight: mx.array, dtype) -> bool:
             and N % 16 == 0 and K % (32 * WARPS) == 0)
 
 
+def _launch(shape: tuple, widths: tuple, dtype):
+    # A call of a raw kernel object rebuilds its source and template hash every time; the
+    # compiled function replays the primitive it traced once. Host time per call on the H200:
+    # 4.5 -> 1.4 us (one weight), 5.9 -> 3.4 us (three).
+    n, K, M = len(widths), shape[-1], prod(shape[:-1])
+    if n not in _KERNELS:
+        _KERNELS[n] = _kernel(n)
+    kernel = _KERNELS[n]
+    launch = dict(template=[("T", dtype), ("M", M), ("K", K), ("WARPS", WARPS),
+                            *((f"N{j}", w) for j, w in enumerate(widths))],
+                  grid=(32 * WARPS, sum(widths) // 16, 1), threadgroup=(32 * WARPS, 1, 1),
+                  output_shapes=[(*shape[:-1], w) for w in widths], output_dtypes=[dtype] * n)
+    return mx.compile(lambda x, *ws: kernel(inputs=[x, *ws], **launch))
+
+
 def grouped_matmul(x: mx.array, ws: list) -> list:
-    """x [M, K] @ w.T for each w [N_j, K] in one launch -> [[M, N_j]] (callers check takes())."""
-    M, K = x.shape
-    widths = tuple(w.shape[0] for w in ws)
-    key = (M, K, widths, x.dtype)
-    if key not in _LAUNCH:
-        _LAUNCH[key] = dict(template=[("T", x.dtype), ("M", M), ("K", K), ("WARPS", WARPS),
-                                      *((f"N{j}", n) for j, n in enumerate(widths))],
-                            grid=(32 * WARPS, sum(widths) // 16, 1), threadgroup=(32 * WARPS, 1, 1),
-                            output_shapes=[(M, n) for n in widths], output_dtypes=[x.dtype] * len(ws))
-    if len(ws) not in _KERNELS:
-        _KERNELS[len(ws)] = _kernel(len(ws))
-    return _KERNELS[len(ws)](inputs=[x, *ws], **_LAUNCH[key])
+    """x [..., K] (2-16 rows in all) @ w.T for each w [N_j, K] in one launch -> [[..., N_j]]
+    (callers check takes())."""
+    key = (x.shape, tuple(w.shape[0] for w in ws), x.dtype)
+    call = _CALLS.get(key)
+    if call is None:
+        call = _CALLS[key] = _launch(*key)
+    return call(x, *ws)
 
 
 def small_m_matmul(x: mx.array, w: mx.array) -> mx.array:
-    """x [M, K] @ w[N, K].T -> [M, N] on the kernel (callers check takes())."""
+    """x [..., K] @ w[N, K].T -> [..., N] on the kernel (callers check takes())."""
     return grouped_matmul(x, [w])[0]
 
 
@@ -163,43 +174,42 @@ class _Runs:
 
     def close(self) -> None:
         if len(self.run) > 1 and "_sm_group" not in vars(self.run[0]):
-            object.__setattr__(self.run[0], "_sm_group", tuple(self.run))
+            vars(self.run[0])["_sm_group"] = tuple(self.run)
         self.run, self.x = [], None
 
     def stash(self, module, x, y) -> None:
-        object.__setattr__(module, "_sm_stash", (x, y))
+        vars(module)["_sm_stash"] = (x, y)
         self.stashed.append(module)
 
     def clear(self) -> None:
         self.close()
         for m in self.stashed:
-            object.__setattr__(m, "_sm_stash", None)
+            vars(m)["_sm_stash"] = None
         self.stashed = []
 
 
 def _linear(original, matmul, grouped, runs: _Runs):
     def __call__(self, x):
-        # x [..., K] with 2-16 rows in all -> [..., N]
-        rows = x.size // x.shape[-1]
-        if not takes(rows, self.weight, x.dtype):
-            return original(self, x)
+        # x [..., K] with 2-16 rows in all -> [..., N]. Written for host time: this runs for
+        # every linear of every routed forward (112 per llama-1b verify).
         own = vars(self)
         stash = own.get("_sm_stash")
         if stash is not None and stash[0] is x:  # a run's launcher computed this already
-            object.__setattr__(self, "_sm_stash", None)
+            own["_sm_stash"] = None
             y = stash[1]
         else:
+            w = self["weight"]
+            if not takes(x.size // x.shape[-1], w, x.dtype):
+                return original(self, x)
             group = own.get("_sm_group")
-            x2 = x.reshape(rows, -1)
             if group is None:
-                y = matmul(x2, self.weight)
+                y = matmul(x, w)
             else:
-                y, *rest = grouped(x2, [m.weight for m in group])
+                y, *rest = grouped(x, [m["weight"] for m in group])
                 for m, out in zip(group[1:], rest):
                     runs.stash(m, x, out)
             runs.see(self, x)
-        y = y.reshape(*x.shape[:-1], -1)
-        return y + self.bias if "bias" in self else y
+        return y + self["bias"] if "bias" in self else y
     __call__.small_m = True
     return __call__
 

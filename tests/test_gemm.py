@@ -82,6 +82,9 @@ def test_a_grouped_launch_gives_each_weight_exactly_what_its_own_launch_gives(m)
         assert mx.array_equal(got, small_m_matmul(x, w)).item(), w.shape
     a, b = grouped_matmul(x, ws[1:])
     assert mx.array_equal(a, small_m_matmul(x, ws[1])).item() and mx.array_equal(b, small_m_matmul(x, ws[2])).item()
+    # a [1, T, K] input (what a forward passes) keeps its leading dims, with the same values
+    for got, flat in zip(grouped_matmul(x[None], ws), grouped_matmul(x, ws)):
+        assert got.shape == (1, *flat.shape) and mx.array_equal(got[0], flat).item()
 
 
 def _emulated(log):
