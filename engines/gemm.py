@@ -12,6 +12,12 @@ MLX's GEMM (fp32 accumulation in both), so outputs agree to bf16 rounding; the d
 check reports what that changes (at exact ties). Linears that read one input in turn run as
 one launch (`_Runs`): a llama verify goes from 7 to 4 matmul launches per layer.
 
+At 1B sizes a round is host-bound (the GPU was busy 16-19% of a llama-1b DFlash round in a
+CUPTI timeline), so host time per call is part of the design: each launch shape is an
+mx.compile'd call (`_launch`), inputs keep their leading dims, and the routed linear reads
+its module's dicts directly. Before that, building a routed llama-1b verify graph took 2.7 ms
+of Python against 1.4 ms unrouted (docs/benchmarks/2026-12-01-h200/timeline).
+
 CUDA only; everywhere else, and for any shape it does not take, nn.Linear runs as it is.
 """
 
