@@ -26,8 +26,10 @@ class ConfigError(ValueError):
 @dataclass
 class ArchConfig:
     name: str = MISSING  # label for records and report tables
-    model: str = MISSING  # "fixture:<name>" or a local checkpoint directory
+    model: str = MISSING  # "fixture:<name>", a named model (smollm2), a .gguf file or a local checkpoint directory
     dtype: str = "float32"  # float32 | float16 | bfloat16 | native (as stored)
+    gguf_dequantize: bool = True  # GGUF targets: every tensor dequantized to dtype; false keeps Q4_0/Q4_1/Q8_0
+    #                               as MLX quantization and casts only float tensors (dtype=native keeps them too)
 
 
 @dataclass
@@ -47,7 +49,7 @@ class MethodConfig:
 
 @dataclass
 class BenchConfig:
-    suite: str = "builtin"  # "builtin" or a local .jsonl ({"turns": [...]} or Spec-Bench question.jsonl)
+    suite: str = "builtin"  # builtin | mtbench | humaneval | a local .jsonl, or several joined by + (harness/prompts)
     categories: List[str] = field(default_factory=list)  # keep only these categories; empty = all
     max_prompts: Optional[int] = None  # first N prompts after filtering; null = all
     per_category: Optional[int] = None  # first N prompts of each category (before max_prompts); null = all
@@ -199,7 +201,7 @@ def resolve_drafter(cfg, kind: str) -> str:
         model = cfg.arch.model
         if model.startswith("fixture:"):  # a quantized fixture keeps its MTP head in the original, as mlx-lm drops it
             model = "fixture:" + fixtures.original(model.split(":", 1)[1])[0]
-        return str(resolve_model(model))  # MTP weights live in the target checkpoint itself
+        return str(resolve_model(model, cfg.arch.dtype, cfg.arch.gguf_dequantize))  # MTP weights live in the target checkpoint
     if spec is None and cfg.arch.model.startswith("scale:") and kind == "dflash":
         spec = cfg.arch.model  # the preset's random drafter, built beside it
     if spec is None:

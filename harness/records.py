@@ -28,9 +28,12 @@ def canonical_cell(cfg) -> dict:
     knobs = knobs_of(cfg.method.name)
     method = {"name": cfg.method.name, **{k: cfg.method[k] for k in knobs}}
     dispatch = {k: v for k, v in OmegaConf.to_container(cfg.dispatch).items() if v is not None}
+    arch = OmegaConf.to_container(cfg.arch, resolve=True)
+    if arch.get("gguf_dequantize", True):
+        arch.pop("gguf_dequantize", None)  # the default keeps ids of cells recorded before the key existed
     return {
         **({"dispatch": dispatch} if dispatch else {}),  # only when set: the device defaults keep ids as they were
-        "arch": OmegaConf.to_container(cfg.arch, resolve=True),
+        "arch": arch,
         "method": method,
         "kv": OmegaConf.to_container(cfg.kv, resolve=True) if cfg.kv.name in ("q8", "q4") else {"name": cfg.kv.name},
         "bench": OmegaConf.to_container(cfg.bench, resolve=True),

@@ -22,9 +22,10 @@ from engines.target import Target
 from harness.config import ConfigError, resolve_drafter, validate
 from harness.env import STREAM_PROBE, LoadMeter, environment, stream_rate
 from harness.measure import Arms, measure_cell
+from harness.gguf_import import conversion_record
 from harness.models import has_moe, load_target, model_dtype, resolve_model, weight_bytes
 from harness.progress import PROGRESS
-from harness.prompts import load_suite
+from harness.prompts import load_suite, suite_sources
 from harness.records import SCHEMA_VERSION, canonical_cell, cell_id, claim_cell, device_lock, read_record, write_record
 
 def log(msg: str) -> None:
@@ -34,7 +35,7 @@ def log(msg: str) -> None:
 def run_cell(cfg) -> Path | None:
     """Measure the cell `cfg` names and write its record; returns the record path."""
     validate(cfg)
-    resolve_model(cfg.arch.model)
+    resolve_model(cfg.arch.model, cfg.arch.dtype, cfg.arch.gguf_dequantize, log)
     prompts = load_suite(cfg.bench.suite, list(cfg.bench.categories), cfg.bench.max_prompts, cfg.bench.per_category)
     cell = canonical_cell(cfg)
     cid = cell_id(cell)
@@ -66,12 +67,14 @@ def run_cell(cfg) -> Path | None:
 def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
     record = {"schema": SCHEMA_VERSION, "cell_id": cid, "cell": cell,
               "config": OmegaConf.to_container(cfg, resolve=True), "env": environment(),
+              "suite": suite_sources(cfg.bench.suite),  # the prompt files read: path, sha256, package version
               "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     t0 = time.perf_counter()
     try:
-        model, tokenizer, ckpt = load_target(cfg.arch.model, cfg.arch.dtype)
+        model, tokenizer, ckpt = load_target(cfg.arch.model, cfg.arch.dtype, cfg.arch.gguf_dequantize)
         record["model"] = {"path": str(ckpt), "model_type": getattr(model, "model_type", None),
-                           "dtype": model_dtype(model), "quantization": _quantization(ckpt)}
+                           "dtype": model_dtype(model), "quantization": _quantization(ckpt),
+                           "gguf": conversion_record(ckpt)}
         _check_supported(model, cfg, record["env"])
         record["ceiling"] = decode_ceiling(model)
         arms = _build_arms(model, tokenizer, cfg)
