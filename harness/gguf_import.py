@@ -366,7 +366,7 @@ def _write_checkpoint(src: Source, dtype: str, dest: Path) -> None:
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     tokenizer.save(str(dest / "tokenizer.json"))
     (dest / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
-    record = {"file": str(src.path), "name": src.path.name, "sha256": src.sha256, "bytes": src.size,
+    record = {"file": str(src.path.resolve()), "name": src.path.name, "sha256": src.sha256, "bytes": src.size,
               "architecture": src.arch, "model_type": config["model_type"], "dtype": dtype,
               "tensor_types": types, "quantization": quant or None,
               "transforms": _transforms(ARCHS[src.arch]), "general.name": src.meta.get("general.name"),
