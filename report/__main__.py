@@ -1,8 +1,9 @@
 """`python -m report <results dir>`: an ADR-ready report from the records in a directory.
 
 Writes report.md (setup, protocol, tables, plots), report.csv (one row per cell),
-prompts.csv (one row per prompt and turn), profiles.csv and four PNG plots into
-the directory, and prints the per-architecture tables.
+categories.csv (one row per cell and prompt category), prompts.csv (one row per prompt
+and turn), profiles.csv and four PNG plots into the directory, and prints the
+per-architecture tables.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def main(argv: list[str]) -> int:
         return 2
     md, df = write(root)
     print(arch_tables(df))
-    print(f"{len(df)} cells -> {md} (+ report.csv, prompts.csv, profiles.csv, *.png in {root})", file=sys.stderr)
+    print(f"{len(df)} cells -> {md} (+ report.csv, categories.csv, prompts.csv, profiles.csv, *.png in {root})",
+          file=sys.stderr)
     return 0
 
 

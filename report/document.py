@@ -7,8 +7,9 @@ from pathlib import Path
 import pandas as pd
 
 from report import plots
-from report.frames import accept_hists, cells, profiles, prompts
-from report.tables import arch_tables, divergence_table, model_table, profile_table, resources_table
+from report.frames import accept_hists, categories, cells, profiles, prompts
+from report.tables import (CATEGORY_CAPTION, arch_tables, category_tables, divergence_table, model_table,
+                           profile_table, resources_table)
 
 
 def _distinct(records, get) -> str:
@@ -34,6 +35,7 @@ def header(root: Path, records) -> str:
         f"- Prompts: suite {bench('suite')}, max_prompts {bench('max_prompts')}, per_category "
         f"{bench('per_category')}, categories {bench('categories')}; {bench('max_new_tokens')} new tokens per generation "
         f"(EOS ignored: {bench('stop_at_eos')} = stop_at_eos), temperature {bench('temperature')}, seed {bench('seed')}",
+        *_source_lines(records),
         f"- Each method cell runs its method arm and a base arm on the same prompts, interleaved "
         f"(method, base, method, base ...), {bench('reps')} timed reps after {bench('warmup')} warm-up "
         f"generation(s) per arm, cool-down {bench('cooldown_s')} s between reps.",
@@ -52,13 +54,24 @@ def header(root: Path, records) -> str:
     ])
 
 
+def _source_lines(records) -> list[str]:
+    # Which files the prompts came from (records since the suite was recorded): package, version, digest.
+    seen = {}
+    for _, rec in records:
+        for s in rec.get("suite") or []:
+            pkg = f"{s['distribution']} {s['version']}, " if s.get("distribution") else ""
+            seen.setdefault(f"`{s['spec']}`: {pkg}`{Path(s['path']).name}` ({s['prompts']} prompts, sha256 "
+                            f"{s['sha256'][:12]})", None)
+    return [f"- Prompt files: {'; '.join(seen)}"] if seen else []
+
+
 def _cut_note(records) -> list[str]:
     # A reduced protocol (bench=quick, a first run) says what it left out.
     benches = [r.get("cell", {}).get("bench", {}) for _, r in records]
     if not any(b.get("per_category") or (b.get("max_new_tokens") or 64) < 64 for b in benches):
         return []
-    return ["- **Reduced protocol** (a first run, `bench=quick`): one prompt per category instead of all 21 and "
-            "fewer new tokens than the full 64, so acceptance and speedups rest on fewer rounds; "
+    return ["- **Reduced protocol** (a first run, `bench=quick`): the first prompts of each category instead of "
+            "all of them, or fewer new tokens than the full 64, so acceptance and speedups rest on fewer rounds; "
             "`bench=full` runs the full protocol (all prompts, 64 tokens)."]
 
 
@@ -71,7 +84,9 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
     pr = prompts(root, records)
     prof = profiles(records)
     hists = accept_hists(records)
+    cat = categories(records)
     df.to_csv(root / "report.csv", index=False)
+    cat.to_csv(root / "categories.csv", index=False)
     pr.to_csv(root / "prompts.csv", index=False)
     prof.to_csv(root / "profiles.csv", index=False)
     pngs = [plots.speedup_vs_block(df, root / "speedup_vs_block.png"),
@@ -80,6 +95,7 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
             plots.predicted_vs_measured(df, root / "predicted_vs_measured.png")]
     doc = [header(root, records),
            "## Results", "", arch_tables(df),
+           "## Results by prompt category", "", CATEGORY_CAPTION, "", category_tables(cat),
            "## Divergence from base", "",
            "Where an output leaves the base arm's output: the base run's top-1/top-2 logit margin at that "
            "position (a margin at float-noise level is a numerical near-tie, a wide one a bug) and the rank "

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pandas as pd
 
+from harness import stats
 from harness.measure import phase_means
 from harness.records import iter_records
 
@@ -134,3 +136,74 @@ def accept_hists(records) -> pd.DataFrame:
         for n, count in enumerate(total):
             rows.append({**_keys(rec, labels), "accepted": n, "rounds": count})
     return pd.DataFrame(rows)
+
+
+ALL = "all"  # the category row of a cell's every prompt: the same estimators over the whole cell
+
+CATEGORY_COLUMNS = ["arch", "method", "block_size", "kv", "reference", "category", "prompts", "turns", "tokens",
+                    "base_decode_tps", "decode_tps", "speedup", "speedup_ci_low", "speedup_ci_high",
+                    "ratio_of_medians", "tau", "acceptance_rate", "per_position_acceptance", "rounds", "drafted",
+                    "accepted", "reps", "cell_id"]
+
+
+def categories(records) -> pd.DataFrame:
+    """One row per (cell that ran, prompt category), categories in the order the suite has
+    them, after a row for the whole cell (category "all"): see `category_summary`."""
+    labels = arch_labels(records)
+    rows = []
+    for _, rec in records:
+        items = rec.get("prompts", [])
+        if rec.get("status") != "ok" or not items:
+            continue
+        groups = {ALL: items}
+        for i in items:
+            groups.setdefault(i["category"], []).append(i)
+        for cat, group in groups.items():
+            rows.append({**_keys(rec, labels), "reference": rec["cell"].get("reference") or "base",
+                         "category": cat, **category_summary(group), "cell_id": rec["cell_id"]})
+    df = pd.DataFrame(rows, columns=CATEGORY_COLUMNS)
+    df["block_size"] = df["block_size"].astype("Int64")
+    return df
+
+
+def _rep_tps(timings: list[dict]) -> list[float]:
+    # Per rep: decode tokens over decode seconds summed over the prompts (each prompt's tokens of a rep
+    # are its tok/s times its seconds): the estimator of the record's own summary, on any subset of prompts.
+    reps = min(len(t["decode_s"]) for t in timings)
+    out = []
+    for r in range(reps):
+        secs = sum(t["decode_s"][r] for t in timings)
+        tokens = sum(round(t["decode_tps"][r] * t["decode_s"][r]) for t in timings if t["decode_s"][r] > 0)
+        out.append(tokens / secs if secs > 0 else float("nan"))
+    return out
+
+
+def category_summary(items: list[dict]) -> dict:
+    """tok/s, paired speedup, tau and acceptance of a group of a cell's per-prompt items.
+
+    tok/s per arm: per rep, the group's decode tokens over its decode time, median over
+    reps. Speedup: per rep, method tok/s over reference tok/s of the same rep (a ratio of
+    summed tokens over summed time per arm), median over reps, 95% CI a t-interval on the
+    log ratios. Over all of a cell's items these are the record's summary numbers.
+    tau = decode tokens / rounds; acceptance = accepted / drafted drafts."""
+    tps_m = _rep_tps(items)
+    out = {"prompts": len({i["id"] for i in items}), "turns": len(items), "tokens": sum(i["n_tokens"] for i in items),
+           "reps": len(tps_m), "decode_tps": statistics.median(tps_m)}
+    if all("base" in i for i in items):
+        paired = stats.Paired(tps_m, _rep_tps([i["base"] for i in items])).summary()
+        out.update(base_decode_tps=paired["reference_tps_median"], speedup=paired["speedup"],
+                   speedup_ci_low=paired["speedup_ci_low"], speedup_ci_high=paired["speedup_ci_high"],
+                   ratio_of_medians=paired["ratio_of_medians"])
+    else:  # the method is its own reference (a base cell)
+        out.update(base_decode_tps=out["decode_tps"], speedup=1.0, speedup_ci_low=None, speedup_ci_high=None,
+                   ratio_of_medians=1.0)
+    rounds, drafted = sum(i["rounds"] for i in items), sum(i["drafted"] for i in items)
+    accepted = sum(i["accepted"] for i in items)
+    k = max((len(i["proposed_at"]) for i in items), default=0)
+    proposed_at = [sum(i["proposed_at"][j] for i in items if j < len(i["proposed_at"])) for j in range(k)]
+    accepted_at = [sum(i["accepted_at"][j] for i in items if j < len(i["accepted_at"])) for j in range(k)]
+    out.update(rounds=rounds, drafted=drafted, accepted=accepted,
+               tau=sum(i["n_tokens"] - 1 for i in items) / rounds if rounds else None,
+               acceptance_rate=accepted / drafted if drafted else None,
+               per_position_acceptance=[a / n if n else None for a, n in zip(accepted_at, proposed_at)])
+    return out

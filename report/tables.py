@@ -187,3 +187,54 @@ def resources_table(df: pd.DataFrame) -> str:
     headers = ["arch", "method", "block", "kv", "peak memory MB (reference / method)",
                "cache MB at end (reference / method)", "median round ms (reference / method)", "outlier reps"]
     return _md(rows, headers) + "\n"
+
+
+CATEGORY_CAPTION = (
+    "Each cell's prompts (all their turns) grouped by the suite's categories, computed from the per-prompt "
+    "data of the records; `all` is the whole cell, the same numbers as the results table. tok/s per arm: per "
+    "rep, the category's decode tokens over its decode time (summed over its prompts), median over reps. "
+    "Speedup: per rep, the method's tok/s over the reference arm's tok/s in the same rep (a ratio of summed "
+    "tokens over summed time per arm, paired by rep), median over reps; 95% CI a t-interval on the log ratios, "
+    "as for the whole cell. tau = decode tokens / rounds; acceptance = accepted / drafted drafts. A category "
+    "holds few prompts under a reduced protocol: read its CI before its point estimate.")
+
+
+def _category_order(cat: pd.DataFrame) -> list[str]:
+    from report.frames import ALL
+
+    return [ALL] + [c for c in dict.fromkeys(cat["category"]) if c != ALL]
+
+
+def _counts_line(cat: pd.DataFrame, order: list[str]) -> str:
+    # prompts/turns per category, a range where the arch's cells ran different subsets
+    parts = []
+    for c in order:
+        sub = cat[cat["category"] == c]
+        parts.append(f"{c} {_span(sub['prompts'], 'd')}/{_span(sub['turns'], 'd')}")
+    return "Prompts/turns per cell: " + ", ".join(parts) + ".\n\n"
+
+
+def category_tables(cat: pd.DataFrame) -> str:
+    """Per arch, one table per metric (speedup, tok/s, tau, acceptance): a row per cell, a
+    column per prompt category (the first, `all`, is the whole cell)."""
+    if cat.empty:
+        return "_No per-prompt data in these records._\n"
+    metrics = [("Speedup vs the reference arm [95% CI]", lambda r: _speedup(r)),
+               ("tok/s, reference / method", lambda r: f"{_fmt(r['base_decode_tps'], '.1f')} / "
+                                                      f"{_fmt(r['decode_tps'], '.1f')}"),
+               ("tau (tokens per verify)", lambda r: _fmt(r["tau"], ".2f")),
+               ("Acceptance (accepted / drafted)", lambda r: _fmt(r["acceptance_rate"], ".1%"))]
+    parts = []
+    for arch, sub in cat.groupby("arch", sort=True):
+        order = _category_order(sub)
+        by_cell = {cid: g.set_index("category") for cid, g in sub.groupby("cell_id", sort=False)}
+        cells = sub[sub["category"] == order[0]].sort_values(["method", "block_size", "kv"], na_position="first")
+        parts.append(f"### {arch}\n\n{_counts_line(sub, order)}")
+        for title, fmt in metrics:
+            rows = []
+            for _, c in cells.iterrows():
+                g = by_cell[c["cell_id"]]
+                rows.append([c["method"], _fmt(c["block_size"], "d"), c["kv"],
+                             *[fmt(g.loc[k]) if k in g.index else "-" for k in order]])
+            parts.append(f"{title}:\n\n{_md(rows, ['method', 'block', 'kv', *order])}\n\n")
+    return "".join(parts)
