@@ -206,8 +206,11 @@ def resolve_drafter(cfg, kind: str) -> str:
         spec = cfg.arch.model  # the preset's random drafter, built beside it
     if spec is None:
         if not cfg.arch.model.startswith("fixture:"):
-            raise ConfigError(f"method.drafter is required for {cfg.method.name} on {cfg.arch.model}: pass "
-                              f"method.drafter=<{kind} drafter dir> (a local checkpoint in its own layout)")
+            from engines.base import Unsupported
+
+            # A cell, not bad input: a sweep over methods records it and goes on.
+            raise Unsupported(f"no {kind} drafter for arch.model={cfg.arch.model}: pass method.drafter=<{kind} "
+                              "drafter dir> (a local checkpoint in its own layout)")
         spec = "fixture:" + cfg.arch.model.split(":", 1)[1]
     if spec.startswith("scale:"):
         from harness import scale
