@@ -18,7 +18,9 @@ mx.compile'd call (`_launch`), inputs keep their leading dims, and the routed li
 its module's dicts directly. Before that, building a routed llama-1b verify graph took 2.7 ms
 of Python against 1.4 ms unrouted (docs/benchmarks/2026-12-01-h200/timeline).
 
-CUDA only; everywhere else, and for any shape it does not take, nn.Linear runs as it is.
+CUDA only; everywhere else, and for any shape it does not take (K not a multiple of 32, N not of
+16), nn.Linear runs as it is. Warps per block are the most of 8, 6, 4, 3, 2, 1 that tile K in
+32-wide chunks (`warps_for`): 8 for the 1B widths, 6 for SmolLM2-135M's 576.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 MAX_ROWS = 16
-WARPS = 8  # warps per block, splitting K: K must be a multiple of 32 * WARPS
+WARP_CHOICES = (8, 6, 4, 3, 2, 1)  # warps per block split K: the most that divide K / 32 evenly
 
 _HEADER = r"""
 __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint32_t* b, __nv_bfloat16) {
@@ -83,8 +85,9 @@ _BODY = r"""
       red[warp][g + 8][8 * i + 2 * t + 1] = c[i][3];
     }
     __syncthreads();
-    int r = threadIdx.x & 15, m = threadIdx.x >> 4;
-    if (m < M) {
+    // 2 * WARPS rows per pass: one pass at 8 warps (M <= 16), more with fewer warps
+    int r = threadIdx.x & 15;
+    for (int m = threadIdx.x >> 4; m < M; m += 2 * WARPS) {
       float s = 0.0f;
       #pragma unroll
       for (int v = 0; v < WARPS; ++v) s += red[v][r][m];
@@ -122,11 +125,17 @@ def available() -> bool:
     return mx.cuda.is_available() and mx.default_device() == mx.gpu
 
 
+def warps_for(K: int) -> int:
+    """Warps splitting a K-long dot product: the most (of WARP_CHOICES) whose 32-wide chunks
+    tile K exactly, so no lane reads past a row (K = 576, SmolLM2's width, takes 6)."""
+    return next(w for w in WARP_CHOICES if K % (32 * w) == 0)
+
+
 def takes(rows: int, weight: mx.array, dtype) -> bool:
     """Whether x [rows, K] @ weight.T [K, N] goes to the kernel."""
     N, K = weight.shape
     return (2 <= rows <= MAX_ROWS and dtype == weight.dtype and dtype in (mx.bfloat16, mx.float16)
-            and N % 16 == 0 and K % (32 * WARPS) == 0)
+            and N % 16 == 0 and K % 32 == 0)
 
 
 def _launch(shape: tuple, widths: tuple, dtype):
@@ -136,10 +145,10 @@ def _launch(shape: tuple, widths: tuple, dtype):
     n, K, M = len(widths), shape[-1], prod(shape[:-1])
     if n not in _KERNELS:
         _KERNELS[n] = _kernel(n)
-    kernel = _KERNELS[n]
-    launch = dict(template=[("T", dtype), ("M", M), ("K", K), ("WARPS", WARPS),
+    kernel, warps = _KERNELS[n], warps_for(K)
+    launch = dict(template=[("T", dtype), ("M", M), ("K", K), ("WARPS", warps),
                             *((f"N{j}", w) for j, w in enumerate(widths))],
-                  grid=(32 * WARPS, sum(widths) // 16, 1), threadgroup=(32 * WARPS, 1, 1),
+                  grid=(32 * warps, sum(widths) // 16, 1), threadgroup=(32 * warps, 1, 1),
                   output_shapes=[(*shape[:-1], w) for w in widths], output_dtypes=[dtype] * n)
     return mx.compile(lambda x, *ws: kernel(inputs=[x, *ws], **launch))
 

@@ -40,7 +40,15 @@ def test_only_2_to_16_half_precision_rows_of_kernel_shapes_reach_the_kernel_and_
         calls.clear()
         odd(mx.zeros((8, 100), dtype=mx.bfloat16))
         assert calls == []
+        narrow = nn.Linear(576, 32)  # SmolLM2's width: a multiple of 32, not of 256 (6 warps split it)
+        narrow.set_dtype(mx.bfloat16)
+        narrow(mx.zeros((8, 576), dtype=mx.bfloat16))
+        assert calls == [(8, 576)]
     assert nn.Linear.__call__ is original
+
+
+def test_warps_split_k_into_whole_32_wide_chunks():
+    assert [gemm.warps_for(k) for k in (2048, 1536, 576, 96, 160, 32)] == [8, 8, 6, 3, 1, 1]
 
 
 def test_the_routed_linear_keeps_its_bias():
@@ -65,7 +73,7 @@ def test_forcing_the_kernel_where_there_is_no_cuda_is_refused_in_one_line(models
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("m", [2, 5, 8, 9, 16])
 def test_the_kernel_computes_the_matmul_to_half_precision_rounding(m, dtype):
-    for n, k in ((32, 256), (512, 2048), (2064, 768)):
+    for n, k in ((32, 256), (512, 2048), (2064, 768), (576, 576), (192, 1536), (48, 96)):  # 8, 8, 8, 6, 8, 3 warps
         x = mx.random.normal((m, k)).astype(dtype)
         w = (mx.random.normal((n, k)) * k ** -0.5).astype(dtype)
         want, got = (x @ w.T).astype(mx.float32), small_m_matmul(x, w).astype(mx.float32)
@@ -82,6 +90,10 @@ def test_a_grouped_launch_gives_each_weight_exactly_what_its_own_launch_gives(m)
         assert mx.array_equal(got, small_m_matmul(x, w)).item(), w.shape
     a, b = grouped_matmul(x, ws[1:])
     assert mx.array_equal(a, small_m_matmul(x, ws[1])).item() and mx.array_equal(b, small_m_matmul(x, ws[2])).item()
+    x6 = mx.random.normal((m, 576)).astype(mx.bfloat16)  # 6 warps: rows past 12 take a second pass
+    w6 = [(mx.random.normal((n, 576)) * 576 ** -0.5).astype(mx.bfloat16) for n in (576, 192, 192)]
+    for got, w in zip(grouped_matmul(x6, w6), w6):
+        assert mx.array_equal(got, small_m_matmul(x6, w)).item(), w.shape
     # a [1, T, K] input (what a forward passes) keeps its leading dims, with the same values
     for got, flat in zip(grouped_matmul(x[None], ws), grouped_matmul(x, ws)):
         assert got.shape == (1, *flat.shape) and mx.array_equal(got[0], flat).item()
