@@ -6,11 +6,15 @@ so a typo gets one line naming the problem and the valid choices (exit 2).
 
 from __future__ import annotations
 
-import dataclasses
-import sys
+from harness import blas
 
-import hydra
-from omegaconf import DictConfig
+blas.select()  # before anything imports mlx: a BLAS serves libmlx only if it is in the global scope first
+
+import dataclasses  # noqa: E402
+import sys  # noqa: E402
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
 
 from harness.config import GROUPS, NESTED, OPTION_GROUPS, Config, ConfigError, conf_dir, group_options, register_configs
 

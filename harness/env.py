@@ -1,15 +1,14 @@
 """Facts about where a measurement ran, recorded in every record.
 
 The BLAS matters on Linux: the mlx CPU wheel bundles the reference BLAS, where a
-forward over T tokens costs about T single-token forwards; with OpenBLAS preloaded
-(LD_PRELOAD) batched verify is nearly free. We record which library actually
-provides cblas_sgemm in this process, not which one is installed.
+forward over T tokens costs about T single-token forwards; with an optimized BLAS
+(harness.blas loads one before mlx) batched verify costs little more than one. We
+record which library actually provides cblas_sgemm in this process (`blas`), not which
+one is installed, beside what harness.blas chose and why (`blas_selection`).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import platform
 import socket
@@ -20,6 +19,8 @@ import time
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
+
+from harness import blas as _blas
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,35 +47,37 @@ def blas_library() -> str:
     mapped = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "/" in line}
     scopes = [None, *sorted(p for p in mapped if Path(p).name.startswith("libmlx"))]
     for scope in scopes:
-        path = _defining_library(scope, "cblas_sgemm")
+        path = _blas.defining_library(scope, "cblas_sgemm")
         if path:
             return path
     return "unknown"
 
 
-def _defining_library(scope: str | None, symbol: str) -> str | None:
-    # dlsym(symbol) in scope (None: the global scope), then dladdr: the file that defines it.
-    class DlInfo(ctypes.Structure):
-        _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
-                    ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+blas_kind = _blas.kind_of
 
-    try:
-        libdl = ctypes.CDLL(ctypes.util.find_library("dl") or "libc.so.6")
-        addr = ctypes.cast(getattr(ctypes.CDLL(scope), symbol), ctypes.c_void_p).value
-        info = DlInfo()
-        if libdl.dladdr(ctypes.c_void_p(addr), ctypes.byref(info)):
-            return info.dli_fname.decode()
-    except (AttributeError, OSError):
-        pass
-    return None
+# What the reference BLAS costs (harness/blas.py's table: random llama at SmolLM2-135M's shapes).
+REFERENCE_COST = "a float32 forward over 8 tokens costs ~6.5 single-token forwards (SmolLM2-135M shapes, 2 cores)"
 
 
-def blas_kind(path: str) -> str:
-    p = path.lower()
-    for kind in ("openblas", "mkl", "blis", "accelerate"):
-        if kind in p:
-            return kind
-    return "reference" if "libblas" in p else "unknown"
+def blas_warning(env: dict) -> str | None:
+    """Lines to print at a cell's start when the reference BLAS serves CPU matmuls, or a
+    library harness.blas tried failed; None when all is as it should be."""
+    if env.get("backend") != "cpu":
+        return None
+    sel = env.get("blas_selection") or {}
+    if env.get("blas_kind") != "reference":
+        failed = "; ".join(f"{t['path']}: {t['error']}" for t in sel.get("tried") or [])
+        return f"!! BLAS: {env.get('blas')} serves, after {failed}" if failed else None
+    fix = ("unset SPEC_HARNESS_BLAS (it is 'reference')" if sel.get("requested") == "reference"
+           else f"{_blas.FIX}, then run again; SPEC_HARNESS_BLAS=/path/to/libblas.so picks one")
+    return "\n".join([
+        "!! " + "=" * 76,
+        f"!! REFERENCE BLAS: {env.get('blas')} serves this run's CPU matmuls.",
+        f"!! With it {REFERENCE_COST},",
+        "!! so batched verify cannot pay off: speculative speedups measured here understate the methods.",
+        f"!! Why: {sel.get('reason', 'unknown')}",
+        f"!! Fix: {fix}.",
+        "!! " + "=" * 76])
 
 
 def git_sha() -> dict:
@@ -108,16 +111,23 @@ def environment() -> dict:
         pass
     backend = "metal" if mx.metal.is_available() else ("cuda" if mx.cuda.is_available() else "cpu")
     blas = blas_library() if backend == "cpu" else None
-    return {
+    env = {
         "host": socket.gethostname(), "cpus": os.cpu_count(),
         "mlx": _version("mlx"), "mlx_lm": _version("mlx-lm"), "mlx_backend_pkg": _version("mlx-cuda-13") or _version("mlx-cpu"),
         "python": platform.python_version(), "platform": platform.platform(),
         "machine": platform.machine(), "processor": _cpu_name(),
         "device": str(device), "device_name": info.get("device_name"), "backend": backend, "device_info": info,
         "blas": blas, "blas_kind": blas_kind(blas) if blas else backend,
+        "blas_selection": _blas.selection(),
+        "blas_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(BLAS_ENV_PREFIXES)},
         "mlx_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MLX_")},
         "git": git_sha(),
     }
+    env["blas_warning"] = blas_warning(env)
+    return env
+
+
+BLAS_ENV_PREFIXES = ("MKL_", "OPENBLAS_", "GOTO_", "OMP_", "KMP_", "SPEC_HARNESS_BLAS")
 
 
 STREAM_PROBE = "[1, 1024] @ [R, 1024].T, R * 1024 of the weights' size (at most 1 GiB), median of 7"

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from engines.base import DrafterError, Unsupported, get_engine
 from engines.target import Target
 from harness.config import ConfigError, resolve_drafter, validate
-from harness.env import STREAM_PROBE, LoadMeter, environment, stream_rate
+from harness.env import STREAM_PROBE, LoadMeter, blas_warning, environment, stream_rate
 from harness.measure import Arms, measure_cell
 from harness.gguf_import import conversion_record
 from harness.models import has_moe, load_target, model_dtype, resolve_model, weight_bytes
@@ -50,6 +50,8 @@ def run_cell(cfg) -> Path | None:
         return path
     turns = sum(len(p.turns) for p in prompts)
     log(f"{head} {cid}: {len(prompts)} prompts ({turns} turns), {cfg.bench.max_new_tokens} new tokens each")
+    if warning := blas_warning(environment()):  # None unless the reference BLAS serves CPU matmuls
+        log(warning)
     t0 = time.perf_counter()
     with device_lock(cfg.allow_shared_device) as waited:
         started = time.time()

@@ -115,4 +115,7 @@ def main(args: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from harness import blas
+
+    blas.select()  # before mlx loads: see harness/blas.py
     sys.exit(main(sys.argv[1:]))

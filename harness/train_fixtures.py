@@ -266,4 +266,7 @@ def main(args: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from harness import blas
+
+    blas.select()  # before mlx loads: see harness/blas.py
     main(sys.argv[1:])

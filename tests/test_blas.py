@@ -1,0 +1,286 @@
+"""harness.blas picks the BLAS that serves mlx before mlx loads; the suite never depends on it.
+
+Selection tests run select()'s logic against fake candidates, a fake loader and a fake
+probe (nothing is loaded into the test process). The probe and the end-to-end tests build
+tiny shared libraries with the C compiler, or use an optimized BLAS found on the machine
+(skipped where there is none).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import blas
+
+REPO = Path(__file__).resolve().parent.parent
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the BLAS choice is a Linux question")
+
+
+class Loader:
+    """Records (path, mode) calls; raises OSError for paths in `fail`."""
+
+    def __init__(self, fail=()):
+        self.calls, self.fail = [], set(fail)
+
+    def __call__(self, path, mode):
+        self.calls.append((path, mode))
+        if path in self.fail:
+            raise OSError(f"{path}: cannot open shared object file")
+        return object()
+
+    @property
+    def paths(self):
+        return [p for p, _ in self.calls]
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """Linux x86_64, mlx not imported, nothing in the global scope, three candidates of
+    which the first is absent: returns (candidates, environ)."""
+    files = {name: tmp_path / name for name in ("absent-mkl.so", "libmkl_rt.so.3", "libopenblas.so.0")}
+    files["libmkl_rt.so.3"].write_bytes(b"")
+    files["libopenblas.so.0"].write_bytes(b"")
+    cands = [blas.Candidate("mkl", str(files["absent-mkl.so"]), {"MKL_THREADING_LAYER": "SEQUENTIAL"}),
+             blas.Candidate("mkl", str(files["libmkl_rt.so.3"]), {"MKL_THREADING_LAYER": "SEQUENTIAL"}),
+             blas.Candidate("openblas", str(files["libopenblas.so.0"]), {"OPENBLAS_NUM_THREADS": "1"})]
+    monkeypatch.setattr(blas, "candidates", lambda: cands)
+    monkeypatch.setattr(blas, "_platform", lambda: ("linux", "x86_64"))
+    monkeypatch.setattr(blas, "_mlx_imported", lambda: False)
+    monkeypatch.setattr(blas, "defining_library", lambda scope, symbol: None)
+    monkeypatch.setattr(blas, "_installed", lambda: {"mlx", "mlx-cpu"})
+    blas.reset()
+    yield cands, {}
+    blas.reset()
+
+
+def ok(path, environ):
+    return None
+
+
+def test_the_first_present_candidate_is_loaded_globally_with_its_threading_knobs(world):
+    cands, environ = world
+    loader = Loader()
+    s = blas.select(environ, loader, ok)
+    assert s["action"] == "loaded" and s["library"] == cands[1].path and s["kind"] == "mkl"
+    assert loader.calls == [(cands[1].path, os.RTLD_GLOBAL | os.RTLD_NOW)]  # the absent one is never tried
+    assert environ == {"MKL_THREADING_LAYER": "SEQUENTIAL"} and s["env_set"] == environ
+
+
+def test_openblas_comes_before_mkl_and_the_env_before_the_system():
+    kinds = [(c.kind, c.path) for c in blas.candidates(prefix="/venv", machine="x86_64")]
+    assert kinds[:2] == [("openblas", "/venv/lib/libopenblas.so.0"),
+                         ("openblas", "/usr/lib/x86_64-linux-gnu/libopenblas.so.0")]
+    first_mkl = next(i for i, (k, _) in enumerate(kinds) if k == "mkl")
+    assert all(k == "openblas" for k, _ in kinds[:first_mkl]) and all(k == "mkl" for k, _ in kinds[first_mkl:])
+    assert kinds[first_mkl][1] == "/venv/lib/libmkl_rt.so.3"
+
+
+def test_a_library_that_fails_its_probe_is_passed_over_and_its_knobs_undone(world):
+    cands, environ = world
+    loader = Loader()
+    s = blas.select(environ, loader, lambda p, env: "killed by signal 4 (SIGILL)" if "mkl" in p else None)
+    assert s["action"] == "loaded" and s["library"] == cands[2].path
+    assert s["tried"] == [{"path": cands[1].path, "error": "killed by signal 4 (SIGILL)"}]
+    assert loader.paths == [cands[2].path]  # the failed one never entered this process
+    assert environ == {"OPENBLAS_NUM_THREADS": "1"}  # MKL's knob was removed again
+    assert "SIGILL" in s["reason"]
+
+
+def test_a_library_that_fails_to_load_falls_back_to_the_next(world):
+    cands, environ = world
+    s = blas.select(environ, Loader(fail={cands[1].path}), ok)
+    assert s["action"] == "loaded" and s["library"] == cands[2].path
+    assert "cannot open" in s["tried"][0]["error"] and "cannot open" in s["reason"]
+
+
+def test_when_nothing_loads_the_reference_blas_serves_and_the_reason_says_why(world, capsys):
+    cands, environ = world
+    s = blas.select(environ, Loader(fail={cands[1].path, cands[2].path}), ok)
+    assert s["action"] == "skipped" and s["library"] is None and environ == {}
+    assert "reference BLAS serves" in s["reason"] and cands[2].path in s["reason"]
+    assert capsys.readouterr().err == ""  # select() stays silent: the cell's start says it (env.blas_warning)
+
+
+def test_with_no_candidate_on_disk_the_reason_names_the_fix(world, monkeypatch):
+    monkeypatch.setattr(blas, "candidates", lambda: [blas.Candidate("mkl", "/nonexistent/libmkl_rt.so.3")])
+    loader = Loader()
+    s = blas.select({}, loader, ok)
+    assert s["action"] == "skipped" and loader.calls == [] and "pip install mkl" in s["reason"]
+
+
+def test_reference_opts_out_without_loading_anything(world):
+    _, environ = world
+    environ[blas.ENV] = "reference"
+    loader = Loader()
+    s = blas.select(environ, loader, ok)
+    assert s["action"] == "skipped" and loader.calls == [] and "reference" in s["reason"]
+
+
+def test_a_kind_request_takes_the_first_candidate_of_that_kind(world):
+    cands, environ = world
+    environ[blas.ENV] = "openblas"
+    s = blas.select(environ, Loader(), ok)
+    assert s["library"] == cands[2].path and s["kind"] == "openblas"
+
+
+def test_an_explicit_path_is_tried_first_and_a_failure_falls_back(world, tmp_path):
+    cands, environ = world
+    mine = str(tmp_path / "libmyblas.so")
+    environ[blas.ENV] = mine
+    loader = Loader()
+    s = blas.select(environ, loader, lambda p, env: "cannot open" if p == mine else None)
+    assert s["library"] == cands[1].path and s["tried"][0]["path"] == mine
+
+    blas.reset()
+    loader = Loader()
+    s = blas.select(dict(environ), loader, ok)
+    assert s["library"] == mine and loader.paths == [mine]
+
+
+def test_a_blas_preloaded_by_the_user_is_kept(world, monkeypatch):
+    _, environ = world
+    environ["LD_PRELOAD"] = "/opt/libopenblas.so.0"
+    monkeypatch.setattr(blas, "defining_library", lambda scope, symbol: "/opt/libopenblas.so.0" if scope is None else None)
+    loader = Loader()
+    s = blas.select(environ, loader, ok)
+    assert s["action"] == "kept" and s["library"] == "/opt/libopenblas.so.0" and s["kind"] == "openblas"
+    assert loader.calls == [] and "LD_PRELOAD" in s["reason"]
+
+
+def test_after_mlx_is_imported_nothing_is_loaded_and_it_says_why(world, monkeypatch):
+    _, environ = world
+    monkeypatch.setattr(blas, "_mlx_imported", lambda: True)
+    loader = Loader()
+    s = blas.select(environ, loader, ok)
+    assert s["action"] == "too-late" and loader.calls == [] and environ == {}
+    assert "imported before" in s["reason"]
+
+
+@pytest.mark.parametrize("system, packages, word", [(("darwin", "arm64"), {"mlx"}, "darwin"),
+                                                    (("linux", "x86_64"), {"mlx", "mlx-cuda-13"}, "mlx-cuda-13")])
+def test_macos_and_the_cuda_backend_are_left_alone(world, monkeypatch, system, packages, word):
+    _, environ = world
+    monkeypatch.setattr(blas, "_platform", lambda: system)
+    monkeypatch.setattr(blas, "_installed", lambda: packages)
+    loader = Loader()
+    s = blas.select(environ, loader, ok)
+    assert s["action"] == "skipped" and loader.calls == [] and word in s["reason"]
+
+
+def test_threading_knobs_the_user_set_are_not_overridden(world):
+    _, environ = world
+    environ["MKL_THREADING_LAYER"] = "GNU"
+    s = blas.select(environ, Loader(), ok)
+    assert s["action"] == "loaded" and environ["MKL_THREADING_LAYER"] == "GNU" and s["env_set"] == {}
+
+
+def test_select_decides_once_per_process(world):
+    _, environ = world
+    loader = Loader()
+    first = blas.select(environ, loader, ok)
+    assert blas.select(environ, loader, ok) is first and len(loader.calls) == 1
+    assert blas.selection() is first
+
+
+def test_kind_of_reads_through_symlinks(tmp_path):
+    real = tmp_path / "openblas-pthread" / "libblas.so.3"
+    real.parent.mkdir()
+    real.write_bytes(b"")
+    alias = tmp_path / "libblas.so.3"
+    alias.symlink_to(real)
+    assert blas.kind_of(str(alias)) == "openblas"
+    assert blas.kind_of("/x/mlx_cpu.libs/libblas-bd8a282c.so.3.10.0") == "reference"
+    assert blas.kind_of("/v/lib/libmkl_rt.so.3") == "mkl"
+
+
+# --- the probe, against libraries built here ---------------------------------------------
+
+FAKE = {
+    # dies of SIGILL at its first product, like a BLAS built for another CPU
+    "trap": "void cblas_sgemm(void){__builtin_trap();} void cblas_dgemm(void){} void cblas_cgemm(void){}",
+    # symbol-prefixed, like scipy-openblas32
+    "prefixed": "void scipy_cblas_sgemm(void){} void scipy_cblas_dgemm(void){} void scipy_cblas_cgemm(void){}",
+    # exports the names but multiplies wrongly (writes zeros)
+    "wrong": """void cblas_sgemm(int o, int ta, int tb, int m, int n, int k, float al, const float *a, int lda,
+                                const float *b, int ldb, float be, float *c, int ldc)
+                { for (int i = 0; i < m * n; i++) c[i] = 0.0f; }
+                void cblas_dgemm(void){} void cblas_cgemm(void){}""",
+}
+
+
+@pytest.fixture(scope="module")
+def fake_libs(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc or sys.platform != "linux":
+        pytest.skip("needs a C compiler on Linux to build fake BLAS libraries")
+    d = tmp_path_factory.mktemp("fakeblas")
+    out = {}
+    for name, src in FAKE.items():
+        (d / f"{name}.c").write_text(src)
+        out[name] = str(d / f"lib{name}.so")
+        subprocess.run([cc, "-shared", "-fPIC", "-O0", "-o", out[name], str(d / f"{name}.c")], check=True)
+    return out
+
+
+@pytest.mark.parametrize("name, words", [("trap", "SIGILL"), ("prefixed", "exports no cblas_sgemm"),
+                                         ("wrong", "gave 0.0")])
+def test_the_probe_rejects_a_library_that_would_crash_or_cannot_serve(fake_libs, name, words):
+    error = blas.probe(fake_libs[name], os.environ)
+    assert error is not None and words in error, error
+
+
+def test_the_probe_rejects_a_missing_file():
+    assert "No such file" in (blas.probe("/nonexistent/libblas.so", os.environ) or "")
+
+
+def _optimized_blas() -> blas.Candidate | None:
+    return next((c for c in blas.candidates() if os.path.exists(c.path) and blas.probe(c.path, {**os.environ, **c.env}) is None),
+                None)
+
+
+def _run(code: str, **env) -> dict:
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={k: v for k, v in {**os.environ, **env}.items() if k != "LD_PRELOAD"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+SERVED = ("import json, harness.blas as b; s = b.select(); import mlx.core; from harness.env import blas_library, "
+          "blas_kind; p = blas_library(); print(json.dumps({'sel': s, 'served': p, 'kind': blas_kind(p)}))")
+
+
+@linux_only
+def test_a_selected_library_is_the_one_that_serves_mlx():
+    cand = _optimized_blas()
+    if cand is None:
+        pytest.skip("no optimized BLAS on this machine (pip install mkl, or apt-get install libopenblas0-pthread)")
+    out = _run(SERVED, **{blas.ENV: cand.path})
+    assert out["sel"]["action"] == "loaded", out["sel"]
+    assert os.path.realpath(out["served"]) == os.path.realpath(cand.path) and out["kind"] != "reference", out
+
+
+@linux_only
+def test_opting_out_leaves_the_wheels_reference_blas_serving():
+    out = _run(SERVED, **{blas.ENV: "reference"})
+    assert out["sel"]["action"] == "skipped" and out["kind"] == "reference", out
+
+
+@linux_only
+def test_a_failing_choice_falls_back_and_the_process_lives(fake_libs):
+    out = _run(SERVED, **{blas.ENV: fake_libs["trap"]})
+    assert out["sel"]["tried"][0]["path"] == fake_libs["trap"] and "SIGILL" in out["sel"]["tried"][0]["error"]
+    assert os.path.realpath(out["served"]) != os.path.realpath(fake_libs["trap"])
+
+
+def test_the_harness_entry_point_selects_before_anything_imports_mlx():
+    out = _run("import json, sys, harness.__main__, harness.blas as b; "
+               "print(json.dumps({'mlx': 'mlx.core' in sys.modules, 'action': b.selection()['action']}))",
+               **{blas.ENV: "reference"})
+    assert out == {"mlx": False, "action": "skipped"}, out
