@@ -73,6 +73,8 @@ def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
               "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     t0 = time.perf_counter()
     try:
+        for name in (cfg.method.name, cfg.reference):
+            _method_cfg(cfg, name)  # a drafter that does not exist is unsupported before the model loads
         model, tokenizer, ckpt = load_target(cfg.arch.model, cfg.arch.dtype, cfg.arch.gguf_dequantize)
         record["model"] = {"path": str(ckpt), "model_type": getattr(model, "model_type", None),
                            "dtype": model_dtype(model), "quantization": _quantization(ckpt),

@@ -357,3 +357,15 @@ def test_named_model_checksum_is_verified(monkeypatch):
                                                                    real.about))
     with pytest.raises(ConfigError, match="--force-reinstall"):
         models.named_model_file("smollm2")
+
+
+def test_a_drafting_method_without_a_drafter_is_an_unsupported_cell_not_a_crash(written, tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "harness", "-m", "arch=llama", f"arch.model={written['llama'][0]}",
+                        "method=dflash_a,ngram", "method.block_size=3", "bench=smoke", "bench.max_prompts=1",
+                        "bench.max_new_tokens=4", "bench.reps=1", f"out_dir={out}"],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    recs = {rec["cell"]["method"]["name"]: rec for rec in records(out).values()}
+    assert recs["dflash_a"]["status"] == "unsupported" and "no dflash drafter" in recs["dflash_a"]["reason"]
+    assert recs["ngram"]["status"] == "ok"  # the sweep went on
