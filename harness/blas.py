@@ -1,9 +1,9 @@
 """Which BLAS serves MLX's CPU matmuls: chosen once per process, before MLX loads.
 
-The mlx[cpu] wheel for Linux links the reference BLAS (mlx_cpu.libs/libblas-*.so). With it a
-float32 forward over 8 tokens of SmolLM2-135M costs ~6-7 one-token forwards on 2 cores, so
-batched verify cannot pay off. libmlx imports only cblas_{s,d,c}gemm and LAPACK symbols, and
-the dynamic linker searches the global scope before a library's own dependencies: an
+The mlx[cpu] wheel for Linux links the reference BLAS (mlx_cpu.libs/libblas-*.so), where a
+float32 forward over 8 tokens of SmolLM2-135M costs ~7 one-token forwards on 2 cores: batched
+verify cannot pay off. libmlx imports only cblas_{s,d,c}gemm and LAPACK symbols, and the
+dynamic linker searches the global scope before a library's own dependencies, so an
 optimized BLAS loaded RTLD_GLOBAL before `import mlx.core` serves those calls instead, with
 no LD_PRELOAD and no re-exec. Each entry point that runs models calls select() first thing;
 env.environment() records the library that really serves cblas_sgemm (the truth) beside
@@ -14,9 +14,27 @@ loads), reference (keep the wheel's), openblas or mkl (the first candidate of th
 a path to a shared library that exports cblas_sgemm. A BLAS already in the global scope
 (LD_PRELOAD) is kept. Threading knobs the user set are never overridden.
 
-Measured (2-core AMD EPYC, float32, random llama at SmolLM2-135M's shapes, 200 tokens of
-KV context, ms per forward, medians): OpenBLAS is preferred because its verify is the
-cheapest; MKL (from PyPI, no system package needed) comes second.
+The order is measured: real SmolLM2-135M in float32 (GGUF dequantized), harness.measure's
+calibrate at 200 tokens of context, 2-core AMD EPYC (Zen 3, AVX2), ms, 3 runs (min-max):
+
+    BLAS (threads)                       decode 1 token   verify 8 tokens   ratio
+    mlx wheel's reference                     261-271        1746-1887     6.4-7.0
+    MKL 2026.2, TBB (2)                        90-98          170-183      1.86-1.88
+    OpenBLAS 0.3.21, Debian 12 (2)            129-138         198-220      1.54-1.60
+    OpenBLAS 0.3.21, OPENBLAS_NUM_THREADS=1   181-198         224-239      1.21-1.24
+    OpenBLAS 0.3.33, ngsolve-openblas (2)     130-162         169-193      1.20-1.30
+    MKL, GNU OpenMP (2)                       119-122         226-237      1.86-1.96
+    MKL, Intel OpenMP (2)                     115-143         214-258      1.81-1.87
+    MKL, SEQUENTIAL (1)                       105-134         220-263      1.97-2.20
+
+MKL on TBB threads decodes fastest and verifies as fast as the best OpenBLAS, so it comes
+first although its verify/decode ratio is the higher one (its single-token step is the
+cheaper); one OpenBLAS thread lowers the ratio only by slowing decode, so the library's own
+default (a thread per core) is kept. MKL_ENABLE_INSTRUCTIONS=AVX2 changed nothing (same
+shapes, random weights).
+No optimized BLAS is bit-stable across row counts (row i of an 8-row product differs in
+the last bits from the 1-row product), so float32 verify matches decode exactly only on the
+reference BLAS; elsewhere greedy output can leave base at a near-tie, as on a GPU.
 """
 
 from __future__ import annotations
@@ -35,11 +53,10 @@ ENV = "SPEC_HARNESS_BLAS"
 FIX = "apt-get install libopenblas0-pthread (best measured), or pip install mkl"
 SYMBOLS = ("cblas_sgemm", "cblas_dgemm", "cblas_cgemm")  # what libmlx.so imports from its BLAS
 
-# Threading knobs set before a library loads (each only where the user has not set it).
+# Threading knobs, set before a library loads (each only where the user has not set it).
 # MKL_INTERFACE_LAYER: mlx's bundled LAPACK is built with gfortran, whose complex-valued
 # functions (cdotc_, ...) return by value; MKL's default (Intel) convention does not.
-MKL_ENV = {"MKL_THREADING_LAYER": "SEQUENTIAL", "MKL_INTERFACE_LAYER": "GNU,LP64"}
-OPENBLAS_ENV = {"OPENBLAS_NUM_THREADS": "1"}
+MKL_ENV = {"MKL_INTERFACE_LAYER": "GNU,LP64"}
 
 
 @dataclass(frozen=True)
@@ -47,14 +64,18 @@ class Candidate:
     kind: str  # "mkl" | "openblas" | "user"
     path: str
     env: dict = field(default_factory=dict)
+    needs: tuple = ()  # libraries loaded into the global scope before it (what it cannot find itself)
 
 
 def candidates(prefix: str = sys.prefix, machine: str | None = None) -> list[Candidate]:
     """Unprefixed optimized BLAS libraries worth trying, best first (measured: module docstring).
 
-    OpenBLAS from a conda env (<prefix>/lib) or the distribution (Debian/Ubuntu's multiarch
-    dir, where libopenblas.so.0 is the alternatives link; Fedora's /usr/lib64), then MKL from
-    PyPI (`pip install mkl` puts libmkl_rt in <prefix>/lib). select() skips absent paths."""
+    MKL from PyPI (`pip install mkl` puts libmkl_rt, and its dependency tbb puts libtbb, in
+    <prefix>/lib) on TBB threads, which libmkl_tbb_thread finds only once libtbb is loaded;
+    then OpenBLAS from a conda env (<prefix>/lib) or the distribution (Debian/Ubuntu's
+    multiarch dir, where libopenblas.so.0 is the alternatives link; Fedora's /usr/lib64),
+    at its default of one thread per core; then MKL on OpenMP threads (libgomp), then on
+    none. select() skips a candidate whose files are absent."""
     machine = machine or platform.machine()
     lib = os.path.join(prefix, "lib")
     multiarch = f"/usr/lib/{machine}-linux-gnu"
@@ -62,7 +83,11 @@ def candidates(prefix: str = sys.prefix, machine: str | None = None) -> list[Can
                 *(os.path.join(multiarch, d, "libopenblas.so.0") for d in ("openblas-pthread", "openblas-openmp")),
                 "/usr/lib64/libopenblasp.so.0", "/usr/lib64/libopenblas.so.0"]
     mkl = [os.path.join(lib, name) for name in ("libmkl_rt.so.3", "libmkl_rt.so.2")]
-    return [*(Candidate("openblas", p, OPENBLAS_ENV) for p in openblas), *(Candidate("mkl", p, MKL_ENV) for p in mkl)]
+    layer = lambda name: {**MKL_ENV, "MKL_THREADING_LAYER": name}
+    return [*(Candidate("mkl", p, layer("TBB"), (os.path.join(lib, "libtbb.so.12"),)) for p in mkl),
+            *(Candidate("openblas", p) for p in openblas),
+            *(Candidate("mkl", p, layer("GNU")) for p in mkl),
+            *(Candidate("mkl", p, layer("SEQUENTIAL")) for p in mkl)]
 
 
 _SELECTION: dict | None = None
@@ -72,7 +97,8 @@ def selection() -> dict:
     """What select() did in this process (or that it was not called)."""
     if _SELECTION is None:
         return {"requested": os.environ.get(ENV, "auto"), "action": "not-called", "library": None, "kind": None,
-                "reason": "harness.blas.select() was not called in this process", "env_set": {}, "tried": []}
+                "needs": [], "reason": "harness.blas.select() was not called in this process", "env_set": {},
+                "tried": []}
     return _SELECTION
 
 
@@ -97,7 +123,7 @@ def reset() -> None:
 
 def _select(environ, loader, check) -> dict:
     requested = environ.get(ENV, "auto").strip() or "auto"
-    out = {"requested": requested, "action": "skipped", "library": None, "kind": None, "reason": "",
+    out = {"requested": requested, "action": "skipped", "library": None, "kind": None, "needs": [], "reason": "",
            "env_set": {}, "tried": []}
     why_not = _not_applicable(requested)
     if why_not:
@@ -120,18 +146,27 @@ def _select(environ, loader, check) -> dict:
     elif requested != "auto":
         pool = [Candidate("user", requested)] + pool  # the user's library first; the rest if it fails
     for cand in pool:
-        if cand.kind != "user" and not os.path.exists(cand.path):
+        if cand.kind != "user" and not all(map(os.path.exists, (cand.path, *cand.needs))):
             continue
         error, env_set = _load(cand, environ, loader, check)
         if error is None:
-            after = f", after {'; '.join(t['path'] + ': ' + t['error'] for t in out['tried'])}" if out["tried"] else ""
+            after = f", after {_failures(out['tried'])}" if out["tried"] else ""
             return {**out, "action": "loaded", "library": cand.path, "kind": kind_of(cand.path),
-                    "reason": f"{ENV}={requested}: loaded {cand.path} before mlx{after}", "env_set": env_set}
-        out["tried"].append({"path": cand.path, "error": error})
+                    "needs": list(cand.needs), "env_set": env_set,
+                    "reason": f"{ENV}={requested}: loaded {cand.path}{_env_words(cand.env)} before mlx{after}"}
+        out["tried"].append({"path": cand.path, "env": dict(cand.env), "error": error})
     if out["tried"]:
-        failed = "; ".join(f"{t['path']}: {t['error']}" for t in out["tried"])
-        return {**out, "reason": f"{ENV}={requested}: no optimized BLAS would load ({failed}); the reference BLAS serves"}
+        return {**out, "reason": f"{ENV}={requested}: no optimized BLAS would load ({_failures(out['tried'])}); "
+                                 "the reference BLAS serves"}
     return {**out, "reason": f"{ENV}={requested}: no optimized BLAS found ({FIX}); the reference BLAS serves"}
+
+
+def _failures(tried: list[dict]) -> str:
+    return "; ".join(f"{t['path']}{_env_words(t['env'])}: {t['error']}" for t in tried)
+
+
+def _env_words(env: dict) -> str:
+    return f" ({', '.join(f'{k}={v}' for k, v in env.items())})" if env else ""
 
 
 def _mlx_imported() -> bool:
@@ -163,8 +198,11 @@ def _installed() -> set[str]:
 # product (seen: a SKYLAKEX-only OpenBLAS wheel on an AMD EPYC), which only a child survives.
 PROBE = r"""
 import ctypes, sys
-lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
-missing = [s for s in sys.argv[2:] if not hasattr(lib, s)]
+path, needs = sys.argv[1], sys.argv[2].split("\n") if sys.argv[2] else []
+for need in needs:
+    ctypes.CDLL(need, mode=ctypes.RTLD_GLOBAL)
+lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+missing = [s for s in sys.argv[3:] if not hasattr(lib, s)]
 if missing:
     sys.exit("exports no " + ", ".join(missing) + " (a symbol-prefixed build cannot serve libmlx)")
 for m, n, k in ((1, 64, 64), (8, 64, 64), (64, 64, 64)):
@@ -175,11 +213,12 @@ for m, n, k in ((1, 64, 64), (8, 64, 64), (64, 64, 64)):
 """
 
 
-def probe(path: str, environ) -> str | None:
-    """None when `path` loads and multiplies correctly in a child process, else why not."""
+def probe(path: str, environ, needs: tuple = ()) -> str | None:
+    """None when `path` (after `needs`) loads and multiplies correctly in a child process,
+    under `environ`; else why not."""
     try:
-        r = subprocess.run([sys.executable, "-I", "-S", "-c", PROBE, path, *SYMBOLS], env=dict(environ),
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run([sys.executable, "-I", "-S", "-c", PROBE, path, "\n".join(needs), *SYMBOLS],
+                           env=dict(environ), capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as e:
         return f"probe failed to run: {e}"
     if r.returncode == 0:
@@ -201,10 +240,11 @@ def _load(cand: Candidate, environ, loader, check) -> tuple[str | None, dict]:
     """Probe `cand`, then load it into this process's global scope. (error or None, env set)."""
     env_set = {k: v for k, v in cand.env.items() if k not in environ}
     environ.update(env_set)  # read by the library when it loads or first runs
-    error = check(cand.path, environ)
+    error = check(cand.path, environ, cand.needs)
     if error is None:
         try:
-            loader(cand.path, os.RTLD_GLOBAL | os.RTLD_NOW)
+            for lib in (*cand.needs, cand.path):
+                loader(lib, os.RTLD_GLOBAL | os.RTLD_NOW)
         except OSError as e:
             error = str(e).strip() or "OSError"
     if error is not None:

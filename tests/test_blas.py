@@ -60,7 +60,7 @@ def world(tmp_path, monkeypatch):
     blas.reset()
 
 
-def ok(path, environ):
+def ok(path, environ, needs=()):
     return None
 
 
@@ -73,21 +73,39 @@ def test_the_first_present_candidate_is_loaded_globally_with_its_threading_knobs
     assert environ == {"MKL_THREADING_LAYER": "SEQUENTIAL"} and s["env_set"] == environ
 
 
-def test_openblas_comes_before_mkl_and_the_env_before_the_system():
-    kinds = [(c.kind, c.path) for c in blas.candidates(prefix="/venv", machine="x86_64")]
-    assert kinds[:2] == [("openblas", "/venv/lib/libopenblas.so.0"),
-                         ("openblas", "/usr/lib/x86_64-linux-gnu/libopenblas.so.0")]
-    first_mkl = next(i for i, (k, _) in enumerate(kinds) if k == "mkl")
-    assert all(k == "openblas" for k, _ in kinds[:first_mkl]) and all(k == "mkl" for k, _ in kinds[first_mkl:])
-    assert kinds[first_mkl][1] == "/venv/lib/libmkl_rt.so.3"
+def test_the_preference_order_is_mkl_on_tbb_then_openblas_then_mkl_on_other_threads():
+    order = [(c.kind, c.path, c.env.get("MKL_THREADING_LAYER")) for c in blas.candidates("/venv", "x86_64")]
+    assert order[0] == ("mkl", "/venv/lib/libmkl_rt.so.3", "TBB")
+    assert blas.candidates("/venv", "x86_64")[0].needs == ("/venv/lib/libtbb.so.12",)
+    kinds = [k if k == "openblas" else f"{k}-{layer}" for k, _, layer in order]
+    assert kinds == sorted(kinds, key=["mkl-TBB", "openblas", "mkl-GNU", "mkl-SEQUENTIAL"].index)
+    openblas = [p for k, p, _ in order if k == "openblas"]
+    assert openblas[:2] == ["/venv/lib/libopenblas.so.0", "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"]
+
+
+def test_a_candidates_prerequisites_load_first_and_an_absent_one_skips_it(world, tmp_path, monkeypatch):
+    cands, environ = world
+    tbb = tmp_path / "libtbb.so.12"
+    needy = blas.Candidate("mkl", cands[1].path, {"MKL_THREADING_LAYER": "TBB"}, (str(tbb),))
+    monkeypatch.setattr(blas, "candidates", lambda: [needy, cands[2]])
+    loader = Loader()
+    assert blas.select(dict(environ), loader, ok)["library"] == cands[2].path  # libtbb absent: skipped
+
+    tbb.write_bytes(b"")
+    blas.reset()
+    loader = Loader()
+    seen = []
+    s = blas.select(environ, loader, lambda p, env, needs: seen.append(needs))
+    assert s["library"] == cands[1].path and seen == [(str(tbb),)]
+    assert loader.paths == [str(tbb), cands[1].path] and environ["MKL_THREADING_LAYER"] == "TBB"
 
 
 def test_a_library_that_fails_its_probe_is_passed_over_and_its_knobs_undone(world):
     cands, environ = world
     loader = Loader()
-    s = blas.select(environ, loader, lambda p, env: "killed by signal 4 (SIGILL)" if "mkl" in p else None)
+    s = blas.select(environ, loader, lambda p, env, needs: "killed by signal 4 (SIGILL)" if "mkl" in p else None)
     assert s["action"] == "loaded" and s["library"] == cands[2].path
-    assert s["tried"] == [{"path": cands[1].path, "error": "killed by signal 4 (SIGILL)"}]
+    assert [(t["path"], t["error"]) for t in s["tried"]] == [(cands[1].path, "killed by signal 4 (SIGILL)")]
     assert loader.paths == [cands[2].path]  # the failed one never entered this process
     assert environ == {"OPENBLAS_NUM_THREADS": "1"}  # MKL's knob was removed again
     assert "SIGILL" in s["reason"]
@@ -135,7 +153,7 @@ def test_an_explicit_path_is_tried_first_and_a_failure_falls_back(world, tmp_pat
     mine = str(tmp_path / "libmyblas.so")
     environ[blas.ENV] = mine
     loader = Loader()
-    s = blas.select(environ, loader, lambda p, env: "cannot open" if p == mine else None)
+    s = blas.select(environ, loader, lambda p, env, needs: "cannot open" if p == mine else None)
     assert s["library"] == cands[1].path and s["tried"][0]["path"] == mine
 
     blas.reset()
@@ -212,6 +230,14 @@ FAKE = {
                                 const float *b, int ldb, float be, float *c, int ldc)
                 { for (int i = 0; i < m * n; i++) c[i] = 0.0f; }
                 void cblas_dgemm(void){} void cblas_cgemm(void){}""",
+    # multiplies right only through a symbol of another library it does not list as needed
+    # (as libmkl_tbb_thread needs libtbb), which must be in the global scope first
+    "needy": """int dep_value(void);
+                void cblas_sgemm(int o, int ta, int tb, int m, int n, int k, float al, const float *a, int lda,
+                                 const float *b, int ldb, float be, float *c, int ldc)
+                { for (int i = 0; i < m * n; i++) c[i] = (float) dep_value(); }
+                void cblas_dgemm(void){} void cblas_cgemm(void){}""",
+    "dep": "int dep_value(void){return 32;}",
 }
 
 
@@ -236,18 +262,25 @@ def test_the_probe_rejects_a_library_that_would_crash_or_cannot_serve(fake_libs,
     assert error is not None and words in error, error
 
 
+def test_the_probe_loads_a_candidates_prerequisites_first(fake_libs):
+    assert "dep_value" in (blas.probe(fake_libs["needy"], os.environ) or "")
+    assert blas.probe(fake_libs["needy"], os.environ, (fake_libs["dep"],)) is None
+
+
 def test_the_probe_rejects_a_missing_file():
     assert "No such file" in (blas.probe("/nonexistent/libblas.so", os.environ) or "")
 
 
 def _optimized_blas() -> blas.Candidate | None:
-    return next((c for c in blas.candidates() if os.path.exists(c.path) and blas.probe(c.path, {**os.environ, **c.env}) is None),
-                None)
+    """The first candidate present here that passes its probe: what auto must pick."""
+    return next((c for c in blas.candidates() if all(map(os.path.exists, (c.path, *c.needs)))
+                 and blas.probe(c.path, {**os.environ, **c.env}, c.needs) is None), None)
 
 
 def _run(code: str, **env) -> dict:
+    clean = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and k != blas.ENV}
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={k: v for k, v in {**os.environ, **env}.items() if k != "LD_PRELOAD"})
+                       env={**clean, **env})
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -257,12 +290,12 @@ SERVED = ("import json, harness.blas as b; s = b.select(); import mlx.core; from
 
 
 @linux_only
-def test_a_selected_library_is_the_one_that_serves_mlx():
+def test_auto_loads_the_first_working_candidate_and_it_is_the_one_that_serves_mlx():
     cand = _optimized_blas()
     if cand is None:
         pytest.skip("no optimized BLAS on this machine (pip install mkl, or apt-get install libopenblas0-pthread)")
-    out = _run(SERVED, **{blas.ENV: cand.path})
-    assert out["sel"]["action"] == "loaded", out["sel"]
+    out = _run(SERVED)
+    assert out["sel"]["action"] == "loaded" and out["sel"]["library"] == cand.path, out["sel"]
     assert os.path.realpath(out["served"]) == os.path.realpath(cand.path) and out["kind"] != "reference", out
 
 

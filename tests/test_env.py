@@ -32,8 +32,9 @@ def test_a_cpu_run_on_the_reference_blas_is_warned_with_its_cost_reason_and_fix(
                   {**env, "backend": "metal", "blas_kind": "metal"}):
         assert blas_warning(quiet) is None, quiet
     fell_back = {**env, "blas_kind": "mkl", "blas": "/v/lib/libmkl_rt.so.3",
-                 "blas_selection": {"tried": [{"path": "/usr/lib/libopenblas.so.0", "error": "killed by signal 4"}]}}
-    assert "/usr/lib/libopenblas.so.0: killed by signal 4" in blas_warning(fell_back)
+                 "blas_selection": {"tried": [{"path": "/usr/lib/libopenblas.so.0", "env": {}, "error": "SIGILL"}],
+                                    "reason": "auto: loaded /v/lib/libmkl_rt.so.3, after /usr/lib/libopenblas.so.0: SIGILL"}}
+    assert "/v/lib/libmkl_rt.so.3 serves" in blas_warning(fell_back) and "SIGILL" in blas_warning(fell_back)
 
 
 def test_the_record_says_which_blas_was_chosen_and_why_beside_the_one_that_serves():
