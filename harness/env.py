@@ -126,7 +126,7 @@ def environment() -> dict:
     return env
 
 
-BLAS_ENV_PREFIXES = ("MKL_", "OPENBLAS_", "GOTO_", "OMP_", "KMP_", "SPEC_HARNESS_BLAS")
+BLAS_ENV_PREFIXES = ("MKL_", "OPENBLAS_", "GOTO_", "OMP_", "KMP_", "SPEC_HARNESS_BLAS", "LD_PRELOAD")
 
 
 STREAM_PROBE = "[1, 1024] @ [R, 1024].T, R * 1024 of the weights' size (at most 1 GiB), median of 7"

@@ -54,7 +54,7 @@ def world(tmp_path, monkeypatch):
     monkeypatch.setattr(blas, "_platform", lambda: ("linux", "x86_64"))
     monkeypatch.setattr(blas, "_mlx_imported", lambda: False)
     monkeypatch.setattr(blas, "defining_library", lambda scope, symbol: None)
-    monkeypatch.setattr(blas, "_installed", lambda: {"mlx", "mlx-cpu"})
+    monkeypatch.setattr(blas, "_cuda_package", lambda: None)
     blas.reset()
     yield cands, {}
     blas.reset()
@@ -181,12 +181,12 @@ def test_after_mlx_is_imported_nothing_is_loaded_and_it_says_why(world, monkeypa
     assert "imported before" in s["reason"]
 
 
-@pytest.mark.parametrize("system, packages, word", [(("darwin", "arm64"), {"mlx"}, "darwin"),
-                                                    (("linux", "x86_64"), {"mlx", "mlx-cuda-13"}, "mlx-cuda-13")])
-def test_macos_and_the_cuda_backend_are_left_alone(world, monkeypatch, system, packages, word):
+@pytest.mark.parametrize("system, cuda, word", [(("darwin", "arm64"), None, "darwin"),
+                                                (("linux", "x86_64"), "mlx-cuda-13", "mlx-cuda-13")])
+def test_macos_and_the_cuda_backend_are_left_alone(world, monkeypatch, system, cuda, word):
     _, environ = world
     monkeypatch.setattr(blas, "_platform", lambda: system)
-    monkeypatch.setattr(blas, "_installed", lambda: packages)
+    monkeypatch.setattr(blas, "_cuda_package", lambda: cuda)
     loader = Loader()
     s = blas.select(environ, loader, ok)
     assert s["action"] == "skipped" and loader.calls == [] and word in s["reason"]
