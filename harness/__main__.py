@@ -63,6 +63,7 @@ def _search_dirs(overrides) -> list:
 
 @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
+    blas.select()  # once more in a launcher's worker process, which never ran this module's top
     from harness.gate import run_gate
     from harness.run import run_cell
 

@@ -317,3 +317,17 @@ def test_the_harness_entry_point_selects_before_anything_imports_mlx():
                "print(json.dumps({'mlx': 'mlx.core' in sys.modules, 'action': b.selection()['action']}))",
                **{blas.ENV: "reference"})
     assert out == {"mlx": False, "action": "skipped"}, out
+
+
+@linux_only
+def test_a_launchers_worker_process_selects_too(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the cluster extra: pip install -e '.[cluster]'")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "harness", "arch=qwen35", "method=base", "hydra/launcher=local_jobs",
+                        "bench=smoke", "bench.max_prompts=1", "bench.max_new_tokens=4", "bench.warmup=0",
+                        "bench.profile=false", f"out_dir={out}", "-m"], cwd=REPO, capture_output=True, text=True,
+                       timeout=600, env={**os.environ, blas.ENV: "reference"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    (record,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    sel = record["env"]["blas_selection"]
+    assert sel["action"] == "skipped" and sel["requested"] == "reference", sel  # not "not-called"
