@@ -26,7 +26,8 @@ def header(root: Path, records) -> str:
         f"# Speculative decoding report: `{root.name}`", "",
         "## Setup", "",
         f"- Hardware: {env('processor')}; device {env('device')} ({env('device_name')}), backend {env('backend')}",
-        f"- BLAS: {env('blas_kind')} ({env('blas')})",
+        f"- BLAS: {env('blas_kind')} ({env('blas')}){_blas_selection(records)}",
+        *_reference_blas_banner(records),
         f"- Software: mlx {env('mlx')}, mlx-lm {env('mlx_lm')}, Python {env('python')}, {env('platform')}",
         f"- Harness: git {git}; {len(records)} records, "
         f"{_distinct(records, lambda r: r.get('started_at', '')[:10])}",
@@ -52,6 +53,25 @@ def header(root: Path, records) -> str:
         "reference) is timed the same way in the same cell: the speedup is then against that implementation.",
         "",
     ])
+
+
+def _blas_selection(records) -> str:
+    # How harness.blas chose it (records from before the selection existed say so).
+    sel = {(r.get("env", {}).get("blas_selection") or {}).get("action", "recorded before harness.blas")
+           for _, r in records if r.get("env", {}).get("backend") == "cpu"}
+    return f"; selection: {', '.join(sorted(sel))}" if sel else ""
+
+
+def _reference_blas_banner(records) -> list[str]:
+    cpu = [r for _, r in records if r.get("env", {}).get("backend") == "cpu"]
+    ref = [r for r in cpu if r.get("env", {}).get("blas_kind") == "reference"]
+    if not ref:
+        return []
+    why = ref[0]["env"].get("blas_selection", {}).get("reason", "recorded before harness.blas")
+    return ["", f"> **Reference BLAS.** {len(ref)} of {len(cpu)} CPU records ran on the mlx wheel's reference BLAS "
+            f"({ref[0]['env'].get('blas')}), where a float32 forward over 8 tokens costs 6-7 single-token forwards, "
+            f"so their speculative speedups understate the methods. Why: {why}. Fix: pip install mkl (or apt-get "
+            "install libopenblas0-pthread) and run again.", ""]
 
 
 def _source_lines(records) -> list[str]:

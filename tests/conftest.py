@@ -9,6 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Harness subprocesses keep the wheel's BLAS, as this process does: no test depends on which
+# BLAS serves it (optimized ones round verify rows differently from single-token decode).
+os.environ.setdefault("SPEC_HARNESS_BLAS", "reference")
 
 from harness.fixtures import fixture_dir, fixture_names  # noqa: E402
 
