@@ -86,7 +86,7 @@ def _label_jobs(jobs: list[dict], default_method: str | None) -> list[dict]:
 
     seen, out = set(), []
     for job in jobs:
-        method = job.get("method", default_method)
+        method = _engine_name(job.get("method", default_method))
         knobs = knobs_of(method)
         # the values of the axes this method reads: two jobs equal there are the same cell
         key = (method, tuple(sorted((k, v) for k, v in job.items()
@@ -94,6 +94,16 @@ def _label_jobs(jobs: list[dict], default_method: str | None) -> list[dict]:
         out.append({"method": method, "repeat": key in seen})
         seen.add(key)
     return out
+
+
+def _engine_name(option: str) -> str:
+    # A method option names its engine in its YAML (ngram_b8 -> ngram), as the cell does.
+    from omegaconf import OmegaConf
+
+    from harness.config import conf_dir
+
+    path = conf_dir() / "method" / f"{option}.yaml"
+    return OmegaConf.load(path).get("name", option) if path.is_file() else option
 
 
 def _job_number() -> int | None:

@@ -147,3 +147,10 @@ def test_sweep_jobs_mark_cells_that_repeat_an_earlier_one():
 
     jobs = [{"method": m, "method.block_size": b, "kv": "native"} for m in ("base", "ngram") for b in ("3", "5")]
     assert [j["repeat"] for j in _label_jobs(jobs, "base")] == [False, True, False, False]
+
+
+def test_a_method_option_counts_as_the_engine_its_yaml_names():
+    from harness.progress import _label_jobs
+
+    jobs = [{"method": "ngram"}, {"method": "ngram_b8"}, {"method": "control_b8"}, {"method": "base"}]
+    assert [j["method"] for j in _label_jobs(jobs, "base")] == ["ngram", "ngram", "control", "base"]
