@@ -90,9 +90,10 @@ def _cut_note(records) -> list[str]:
     benches = [r.get("cell", {}).get("bench", {}) for _, r in records]
     if not any(b.get("per_category") or (b.get("max_new_tokens") or 64) < 64 for b in benches):
         return []
-    return ["- **Reduced protocol** (a first run, `bench=quick`): the first prompts of each category instead of "
+    full = "`bench=real_full`" if any("mtbench" in str(b.get("suite")) for b in benches) else "`bench=full`"
+    return ["- **Reduced protocol** (a first run): the first prompts of each category instead of "
             "all of them, or fewer new tokens than the full 64, so acceptance and speedups rest on fewer rounds; "
-            "`bench=full` runs the full protocol (all prompts, 64 tokens)."]
+            f"{full} runs the full protocol."]
 
 
 def write(root: Path) -> tuple[Path, pd.DataFrame]:
