@@ -38,11 +38,16 @@ def arch_labels(records) -> dict[str, str]:
     seen: dict[str, set] = {}
     for _, rec in records:
         model = rec.get("model", {})
-        seen.setdefault(rec["cell"]["arch"]["name"], set()).add((model.get("path"), model_dtype(rec)))
+        if model:  # a cell refused before its model loaded (no drafter) joins the table of its arch
+            seen.setdefault(rec["cell"]["arch"]["name"], set()).add((model.get("path"), model_dtype(rec)))
+    for _, rec in records:
+        seen.setdefault(rec["cell"]["arch"]["name"], {(None, None)})
     labels = {}
     for _, rec in records:
         name, model = rec["cell"]["arch"]["name"], rec.get("model", {})
         variants = seen[name]
+        if not model and len(variants) == 1:
+            model = {"path": next(iter(variants))[0]}
         parts = []
         if len({p for p, _ in variants}) > 1:
             parts.append(Path(model.get("path") or "?").name)

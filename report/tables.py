@@ -42,7 +42,7 @@ def cell_table(df: pd.DataFrame) -> str:
     rows = []
     for _, r in _order(df).iterrows():
         if r["status"] != "ok":
-            rows.append([r["method"], _fmt(r["block_size"], "d"), r["kv"], *["-"] * 8,
+            rows.append([r["method"], _fmt(r["block_size"], "d"), r["kv"], *["-"] * 7,  # the reason under "diverged"
                          f"{r['status']}: {r['reason']}"])
             continue
         div = f"{int(r['diverged_prompts'])}/{int(r['prompts'])}"
@@ -83,7 +83,7 @@ def ceiling_line(df: pd.DataFrame) -> str:
 def arch_tables(df: pd.DataFrame) -> str:
     parts = []
     for arch, sub in df.groupby("arch", sort=True):
-        kinds = sorted({f"{a} {b}" for a, b in zip(sub["model_type"].fillna("?"), sub["dtype"].fillna("?"))})
+        kinds = sorted({f"{a} {b}" for a, b in zip(sub["model_type"], sub["dtype"]) if not pd.isna(a)}) or ["?"]
         parts.append(f"### {arch} ({', '.join(kinds)})\n\n{ceiling_line(sub)}{conditions_line(sub)}"
                      f"{cell_table(sub)}\n")
     return "\n".join(parts)
