@@ -45,10 +45,10 @@ def test_invalid_values_are_rejected_with_the_valid_ones(overrides, message):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["method=nope"], "available: base, control, dflash_a, dflash_c, dflash_zlab, eagle3, mlx_lm, mtp, ngram"),
+    (["method=nope"], "available: base, control, control_b8, dflash_a, dflash_c, dflash_zlab, eagle3, mlx_lm, mtp, ngram, ngram_b8"),
     (["method=base,nope"], "unknown method 'nope'"),
     (["bench.reps_typo=2"], "bench has: suite"),
-    (["+sweep=nope"], "available: gemma4, llama, qwen35"),
+    (["+sweep=nope"], "available: gemma4, llama, qwen35, smollm2"),
 ])
 def test_unknown_options_and_keys_are_caught_before_hydra_runs(args, message):
     with pytest.raises(ConfigError, match=message):
