@@ -140,3 +140,22 @@ def test_a_real_run_reports_categories_whose_all_row_is_the_record_summary(tmp_p
     md = (out / "report.md").read_text()
     assert "## Results by prompt category" in md and "| all " in md and "multi_turn" in md
     assert "Prompt files: `builtin`" in md
+
+
+def test_a_cell_refused_before_its_model_loaded_shares_its_arch_table_with_the_reason_in_place():
+    import pandas as pd
+
+    from report.frames import arch_labels
+    from report.tables import cell_table
+
+    ok = {"cell_id": "a", "cell": {"arch": {"name": "smollm2"}}, "model": {"path": "/c/x-float32", "dtype": "float32"}}
+    refused = {"cell_id": "b", "cell": {"arch": {"name": "smollm2"}}, "status": "unsupported"}  # no "model"
+    labels = arch_labels([(None, ok), (None, refused)])
+    assert labels == {"a": "smollm2", "b": "smollm2"}
+    df = pd.DataFrame([{"method": "dflash_a", "block_size": None, "kv": "native", "status": "unsupported",
+                        "reason": "no dflash drafter"}])
+    header, _, row = cell_table(df).strip().splitlines()[:3]
+    cols = [c.strip() for c in row.strip("|").split("|")]
+    names = [c.strip() for c in header.strip("|").split("|")]
+    assert names[0] == "method" and names[-1] == "diverged" and len(cols) == len(names)
+    assert cols[0] == "dflash_a" and cols[-1] == "unsupported: no dflash drafter"
