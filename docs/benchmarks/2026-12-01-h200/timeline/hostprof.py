@@ -2,14 +2,15 @@
 import cProfile, io, pstats, statistics as st, sys, time
 from types import SimpleNamespace
 import mlx.core as mx
-from harness.models import load_target
+from harness.models import load_target, resolve_model
 from harness import scale
 from harness.loop import STREAM
 from engines.target import Target
 from engines.dflash import DFlashA
 from engines.sampling import Sampler, accept_deterministic
 
-model, tok, path = load_target("scale:llama-1b", "native")
+path = resolve_model("scale:llama-1b")
+model, tok = load_target(path, "native")
 drafter = str(scale.dflash_dir(path))
 prompt = [(i * 37) % 1000 + 5 for i in range(120)]
 

@@ -2,7 +2,7 @@
 import ctypes, json, os, sys, time
 from types import SimpleNamespace
 import mlx.core as mx
-from harness.models import load_target
+from harness.models import load_target, resolve_model
 from harness import scale
 from engines.target import Target
 from engines.dflash import DFlashA
@@ -16,7 +16,8 @@ if shim:
     shim.cupti_now.restype = ctypes.c_ulonglong
 now = (lambda: shim.cupti_now()) if shim else (lambda: 0)
 preset = sys.argv[1] if len(sys.argv) > 1 else "llama-1b"
-model, tok, path = load_target(f"scale:{preset}", "native")
+path = resolve_model(f"scale:{preset}")
+model, tok = load_target(path, "native")
 drafter = str(scale.dflash_dir(path))
 prompt = [(i * 37) % 1000 + 5 for i in range(120)]
 cfg = SimpleNamespace(block_size=8, drafter=drafter, verify="batched")
