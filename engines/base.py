@@ -78,6 +78,10 @@ class Engine:
     Contract (what each call leaves behind):
     - prefill(prompt) -> logits [V] at the last prompt position. The target cache
       (and any drafter state) covers exactly the prompt.
+    - prepare(prompt + [first token]): the method's own work over the prompt before
+      its first draft (a drafter's context pass), once, timed as part of the first
+      token; optional (a method that skips it does that work in its first draft).
+      Returns any array it computed outside its caches (the loop evaluates it), or None.
     - draft(history) -> Draft of the method's full K tokens, every round: the loop
       cuts the emitted tokens at the generation's budget, so the last rounds keep
       the shapes of all others (new shapes recompile kernels on GPU backends). The
@@ -94,6 +98,10 @@ class Engine:
     name: ClassVar[str] = ""
     knobs: ClassVar[tuple[str, ...]] = ()  # MethodConfig fields this method reads
     drafts: ClassVar[bool] = True  # False: every round is one decode step (the loop pipelines them)
+    external: ClassVar[bool] = False  # True: someone else's generation loop (engines/external.py)
+    incremental_verify: ClassVar[bool] = True  # False: verify is not the target's incremental one (re-prefill)
+    verifies_full_block: ClassVar[bool] = False  # True: every round verifies K+1 tokens whatever it drafted
+    scores: ClassVar[bool] = False  # True: an external arm that yields its own log-probabilities per token
 
     def __init__(self, target: Target, cfg):
         self.target, self.cfg = target, cfg
@@ -102,6 +110,9 @@ class Engine:
 
     def prefill(self, prompt: list[int]) -> mx.array:
         return self.target.prefill(prompt)
+
+    def prepare(self, history: list[int]) -> mx.array | None:
+        return None  # what it computed outside the caches, for the loop's barrier
 
     def draft(self, history: list[int]) -> Draft:
         return Draft()

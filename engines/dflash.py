@@ -186,6 +186,12 @@ class DFlashAttention(nn.Module):
                                                    mask=visible | block)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
+    def write_context(self, ctx, rope, cache: KVCache) -> None:
+        """Append the K/V of new context rows [1, S, H] to `cache` with no block: the same
+        rows _decode would write ahead of a block (they never depend on the block)."""
+        k = rope(self._heads(self.k_proj(ctx), self.n_kv, self.k_norm), offset=cache.offset)
+        cache.update_and_fetch(k, self._heads(self.v_proj(ctx), self.n_kv))
+
     def _decode(self, x, ctx, rope, cache: KVCache, masks: dict):
         # The new context and the block sit at consecutive positions, so their K/V are one
         # projection over [ctx; block] rows, one norm, one rope, and one cache write; the
@@ -260,6 +266,11 @@ class DFlashDrafter(nn.Module):
         # [1, S, n*H] concatenated target layer outputs -> [1, S, H]
         return self.hidden_norm(self.fc(target_hidden))
 
+    def feed_context(self, ctx: mx.array, cache: list[KVCache]) -> None:
+        """Write [1, S, H] projected context into every layer's cache, ahead of any block."""
+        for layer, c in zip(self.layers, cache):
+            layer.self_attn.write_context(ctx, self._rope, c)
+
     def __call__(self, block_embeds: mx.array, ctx: mx.array, cache: list[KVCache] | None = None,
                  anchors: mx.array | None = None) -> mx.array:
         """[B, L, H] block embeddings + [B, S, H] context -> [B, L, H] normed hidden states
@@ -331,6 +342,16 @@ class DFlash(Engine):
         self.dcache = self.drafter.make_cache()
         return logits
 
+    def prepare(self, history):
+        # The prompt's context (projection and every drafter layer's K/V) before the first draft.
+        with small_m_linears(self.target.small_m_gemm):
+            self.drafter.feed_context(self.drafter.project_context(self._pending_context()), self.dcache)
+
+    def _pending_context(self) -> mx.array:
+        hidden = self.context[0] if len(self.context) == 1 else mx.concatenate(self.context, axis=1)
+        self.context = []
+        return hidden  # [1, S, n*H]
+
     def draft(self, history):
         k = self.block - 1
         ids = mx.array([[history[-1]] + [self.mask_id] * k], dtype=mx.int32)
@@ -338,10 +359,11 @@ class DFlash(Engine):
         if self.drafter.config.input_embedding_scale != 1.0:
             x = x * self.drafter.config.input_embedding_scale
         self.prof.mark("embed", x)
-        hidden = self.context[0] if len(self.context) == 1 else mx.concatenate(self.context, axis=1)
         with small_m_linears(self.target.small_m_gemm):  # the drafter's matmuls are over a few rows too
-            ctx = self.drafter.project_context(hidden)  # [1, S, H]
-            self.context = []
+            if self.context:
+                ctx = self.drafter.project_context(self._pending_context())  # [1, S, H]
+            else:  # right after prepare(): the prompt's context is in the cache already
+                ctx = mx.zeros((1, 0, x.shape[-1]), dtype=x.dtype)
             self.prof.mark("extract", ctx)
             h = self.drafter(x, ctx, self.dcache)[:, 1:]  # [1, K, H]
             self.prof.mark("drafter_fwd", h)

@@ -405,6 +405,7 @@ class Eagle3(Engine):
         logits = self.target.prefill(prompt)
         self.features = [self.target.hidden]  # [1, n, A*H] target features not yet in the drafter cache
         self.dcache = self.drafter.make_cache()
+        self._prepared = None  # prepare()'s commit pass output, for the first draft
         return logits
 
     def _embed(self, ids: mx.array) -> mx.array:
@@ -420,13 +421,18 @@ class Eagle3(Engine):
         e = self._embed(mx.array([history[start + 1:]], dtype=mx.int32))
         return self.drafter.step(e, self.drafter.fuse(feats), self.dcache, start)[:, -1:]
 
+    def prepare(self, history):
+        # The prompt's commit pass (every prompt position into the drafter cache) before the first draft.
+        self._prepared = self._commit_pass(history)
+        return self._prepared
+
     def draft(self, history):
         with small_m_linears(self.target.small_m_gemm):  # tree levels are a few rows each (engines/gemm.py)
             return self._draft(history)
 
     def _draft(self, history):
         depth = self.depth
-        root = self._commit_pass(history)
+        root, self._prepared = (self._prepared if self._prepared is not None else self._commit_pass(history)), None
         self.prof.mark("commit_pass", root)
         committed = self.dcache[0].offset
         draft = (self._tree if self.tree_mode else self._chain)(history, root, depth)

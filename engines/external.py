@@ -48,22 +48,25 @@ class External(Engine):
 
 
 def _events(responses, t0: float):
-    """(Prefill, Round...) from an iterator of (tokens emitted, tokens drafted) per step."""
+    """(Prefill, Round...) from an iterator of (tokens emitted, tokens drafted, [V] log-probabilities
+    or None) per step."""
     from harness.loop import Prefill, Round
 
     last = None
-    for emitted, drafted in responses:
+    for emitted, drafted, scores in responses:
         now = time.perf_counter()
         if last is None:
-            yield Prefill(emitted[0], now - t0)
+            yield Prefill(emitted[0], now - t0, scores=scores)
         else:
-            yield Round(drafted, len(emitted) - 1, list(emitted), now - last, None)
+            yield Round(drafted, len(emitted) - 1, list(emitted), now - last, None, scores=scores)
         last = now
 
 
 @register("mlx_lm", "mlx-lm")
 class MlxLm(External):
     """mlx-lm's generate_step with the cell's sampler, prompt ids and KV quantization."""
+
+    scores = True  # generate_step yields each token's log-probabilities
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
@@ -84,8 +87,8 @@ class MlxLm(External):
                               prompt_cache=self._caches, **quantized)
 
         def tokens():
-            for tok, _ in steps:
-                yield [tok], 0
+            for tok, logprobs in steps:
+                yield [tok], 0, logprobs
                 if tok in stop_tokens:
                     return
 
@@ -132,9 +135,10 @@ class DFlashZlab(External):
         for r in responses:
             if not r.tokens:
                 continue  # the closing response carries no tokens
-            drafted = min(self.block, max_new_tokens - n + 1) - 1 if n else 0  # the block it verified
+            # Not returned: its drafted count follows from its loop (a block of min(block, tokens left + 1)).
+            drafted = min(self.block, max_new_tokens - n + 1) - 1 if n else 0
             n += len(r.tokens)
-            yield r.tokens, drafted
+            yield r.tokens, drafted, None
 
     @contextmanager
     def _recording_caches(self):
@@ -158,6 +162,9 @@ class DFlashZlab(External):
 
         c = self.drafter.config
         return {"implementation": "dflash.model_mlx.stream_generate", "version": version("dflash"),
+                "observed": "tokens per verify only: drafted = its block size cut at the budget (from its "
+                            "loop), accepted = tokens - 1 (the last round's is unknown when the budget cuts it); "
+                            "no logits, so divergence margins are unavailable",
                 "block_size": self.block, "drafter_layers": c.num_hidden_layers,
                 "target_layer_ids": list(c.target_layer_ids)}
 

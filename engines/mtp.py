@@ -137,7 +137,19 @@ class MTP(Engine):
         self.hidden = [self._normed(self.target.hidden)]  # target states not yet seen by MTP
         self.cache = KVCache()
         self.chained = 0
+        self._prepared = None  # prepare()'s first pass over the prompt, for the first draft
         return logits
+
+    def prepare(self, history):
+        # MTP's first pass over every prompt position before the first draft.
+        self._prepared = self._first_pass(history)
+        return self._prepared
+
+    def _first_pass(self, history) -> mx.array:
+        hidden = self.hidden[0] if len(self.hidden) == 1 else mx.concatenate(self.hidden, axis=1)  # [1, n, H]
+        self.hidden = []
+        start = self.cache.offset  # first position MTP has not seen: pair (h_t, token t+1)
+        return self._step(mx.array(history[start + 1:], dtype=mx.int32), hidden)  # [1, n, H]
 
     def _normed(self, h):
         return final_norm(self.target.model, h)  # the target's last-layer output after its final norm
@@ -152,10 +164,7 @@ class MTP(Engine):
 
     def _draft(self, history):
         k = self.k
-        hidden = self.hidden[0] if len(self.hidden) == 1 else mx.concatenate(self.hidden, axis=1)  # [1, n, H]
-        self.hidden = []
-        start = self.cache.offset  # first position MTP has not seen: pair (h_t, token t+1)
-        out = self._step(mx.array(history[start + 1:], dtype=mx.int32), hidden)  # [1, n, H]
+        out, self._prepared = (self._prepared if self._prepared is not None else self._first_pass(history)), None
         self.prof.mark("mtp_first", out)
         pos = len(history) - self.prompt_len
         tokens, qs = [], []

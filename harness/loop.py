@@ -9,7 +9,9 @@ before the current token is read, so the device never waits for Python.
 Engines run on the stream mlx-lm generates on (mlx_lm.generate.generation_stream), as both
 reference arms do, so every arm of a cell queues its work the same way.
 
-Clock reads: the prefill's end (its first token), each round's end (its outcome read),
+Clock reads: the first token's (the prefill's end, then the method's prepare() over the
+prompt, so a drafter's prompt-side work counts as time to first token), each round's end
+(its outcome read),
 and -- only when profiling is on -- each phase boundary, behind an mx.eval barrier.
 With profiling off, phase marks are no-ops and nothing else synchronises.
 """
@@ -52,17 +54,21 @@ class Profiler:
 @dataclass
 class Prefill:
     token: int  # first output token, chosen from the prompt's last logits
-    seconds: float
+    seconds: float  # time to first token: the target's prefill plus the method's prepare() over the prompt
+    phases: dict[str, float] | None = None  # {"prefill", "prepare"} seconds when profiling
+    scores: mx.array | None = None  # [V] the arm's own log-probabilities here, where an external arm gives them
 
 
 @dataclass
 class Round:
     drafted: int  # K tokens proposed (for a tree: its depth, the longest path it could accept)
-    accepted: int  # n of them accepted
-    emitted: list[int]  # accepted drafts + bonus, cut at the token budget or a stop token
+    accepted: int  # n of them the target accepted (even where the budget or a stop token cuts emitted)
+    emitted: list[int]  # accepted drafts + bonus, cut at the token budget or a stop token (so it can hold
+    #                     fewer than accepted + 1)
     seconds: float
     phases: dict[str, float] | None  # per-phase seconds when profiling, else None
     tree_size: int = 0  # nodes in the draft tree (0 for chains)
+    scores: mx.array | None = None  # [V] log-probabilities of a one-token round, where an external arm gives them
 
 
 def generate(engine: Engine, prompt: list[int], max_new_tokens: int, sampler: Sampler,
@@ -72,7 +78,7 @@ def generate(engine: Engine, prompt: list[int], max_new_tokens: int, sampler: Sa
     prof = Profiler() if profile else None
     engine.prof = prof or NullProfiler()
     engine.sampler = sampler  # drafters that sample their drafts draw from its keyed streams
-    if getattr(engine, "external", False):  # a reference implementation runs its own loop
+    if engine.external:  # a reference implementation runs its own loop
         yield from engine.generate(prompt, max_new_tokens, sampler, stop_tokens)
         return
     t0 = time.perf_counter()
@@ -82,9 +88,13 @@ def generate(engine: Engine, prompt: list[int], max_new_tokens: int, sampler: Sa
         yield from _pipelined(engine, first, t0, max_new_tokens, sampler, stop_tokens)
         return
     token = first.item()
-    t1 = time.perf_counter()
-    yield Prefill(token, t1 - t0)
     history = [*prompt, token]
+    t_prefill = time.perf_counter()
+    with mx.stream(STREAM):
+        prepared = engine.prepare(history)
+    mx.eval(engine.state(), prepared)  # the prompt-side work belongs to the first token, not to round 1
+    t1 = time.perf_counter()
+    yield Prefill(token, t1 - t0, {"prefill": t_prefill - t0, "prepare": t1 - t_prefill} if profile else None)
     produced = 1
     while produced < max_new_tokens and token not in stop_tokens:
         with mx.stream(STREAM):
@@ -158,7 +168,7 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
     if prof:
         prof.mark("rollback", engine.state())
     emitted = values[1: min(n + 2, budget + 1)]
-    return Round(draft.k, len(emitted) - 1, emitted, 0.0, prof.times if prof else None)
+    return Round(draft.k, n, emitted, 0.0, prof.times if prof else None)
 
 
 def _tree_round(engine: Engine, draft: Draft, logits, sampler: Sampler, pos: int, prof: Profiler | None,
@@ -175,4 +185,4 @@ def _tree_round(engine: Engine, draft: Draft, logits, sampler: Sampler, pos: int
     if prof:
         prof.mark("rollback", engine.state())
     emitted = [*(nodes[i] for i in path), bonus][:budget]
-    return Round(depth, len(emitted) - 1, emitted, 0.0, prof.times if prof else None, tree_size=draft.k)
+    return Round(depth, len(path), emitted, 0.0, prof.times if prof else None, tree_size=draft.k)

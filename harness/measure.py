@@ -1,24 +1,27 @@
 """Measuring one cell: the method arm and the base arm, interleaved prompt by prompt.
 
 Protocol per cell:
-1. calibration: on the first prompt's context, the target's cost of one decode
+1. warm-up: `warmup` untimed generations of each arm on the first prompt (first
+   calls compile kernels);
+2. calibration: on the first prompt's context, the target's cost of one decode
    step and of one verify over K+1 tokens (median of a few), for the speedup model;
-   on hybrid targets the cost of each recurrent rollback strategy (rollback=auto
-   takes the fastest); the verify cost at a 4x longer context;
-2. warm-up: `warmup` untimed generations of each arm on the first prompt (first
-   calls compile kernels), after the calibration so nothing it disturbed (new shapes,
-   a grown allocator) is paid inside a timed run;
-3. per prompt, `reps` timed generations alternating method, base, method, base...
-   (optional cool-down between reps), so every ratio comes from runs side by side;
-   each records its arm's peak device memory and cache bytes, and a rep slower than
-   a third of its arm's median on that prompt is flagged as an outlier;
+   on hybrid targets the cost of each recurrent rollback strategy, weighted by the
+   accepted counts of the method's warm-up rounds (rollback=auto takes the fastest,
+   then warms up once more if that changed the strategy); the verify cost at a 4x
+   longer context;
+3. per prompt, `reps` timed generations of both arms side by side, the order
+   alternating (method_first) and recorded, the allocator's cache emptied before each
+   arm (optional cool-down between reps); each records its arm's time to first token
+   (prefill plus the method's prompt-side prepare()), decode and end-to-end tok/s,
+   peak device memory and cache bytes, and a rep slower than a third of its arm's
+   median on that prompt is flagged as an outlier;
 4. with bench.profile, one more generation of each arm with per-phase barriers; they
    feed the phase profile and the speedup model only, never tok/s. The model's unit
    is that profiled base step, measured next to the method's profiled rounds with
    the same barriers, so its cost ratios are side by side like the speedups.
-The base arm's first output is the reference for divergence; where a method leaves
-it, the base logits there are inspected (top-1/top-2 margin) to tell numerical
-near-ties from bugs.
+The reference arm's first output is the reference for divergence; where a method
+leaves it, the reference's own scores there are inspected (top-1/top-2 margin) to tell
+numerical near-ties from bugs (divergence_margin says where the scores come from).
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class Generation:
     rounds: list[Round] = field(default_factory=list)
     peak_bytes: int = 0  # peak device memory during the generation (weights included)
     cache_bytes: int = 0  # bytes held by the arm's caches at its end
+    first_phases: dict | None = None  # profiled split of the time to first token (prefill, prepare)
+    scores: list = field(default_factory=list)  # per output position, the arm's own [V] log-probabilities
+    #                                             (external arms that give them, when asked to keep them)
 
     @property
     def decode_tokens(self) -> int:
@@ -58,6 +64,12 @@ class Generation:
     @property
     def decode_tps(self) -> float:
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
+
+    @property
+    def e2e_tps(self) -> float:
+        """Every output token over the whole wait, first token included."""
+        total = self.prefill_s + self.decode_s
+        return len(self.tokens) / total if total > 0 else float("nan")
 
     def acceptance(self) -> dict:
         """tau, histogram and per-position counts over this generation's rounds."""
@@ -78,17 +90,19 @@ class Generation:
 
 
 def run_generation(engine: Engine, ids: list[int], max_new_tokens: int, sampler: Sampler,
-                   profile: bool = False, stop_tokens=frozenset()) -> Generation:
+                   profile: bool = False, stop_tokens=frozenset(), keep_scores: bool = False) -> Generation:
     mx.reset_peak_memory()
     t0 = time.perf_counter()
     gen = Generation([], 0.0, 0.0)
     for ev in generate(engine, ids, max_new_tokens, sampler, profile, stop_tokens):
         if isinstance(ev, Prefill):
             gen.tokens.append(ev.token)
-            gen.prefill_s = ev.seconds
+            gen.prefill_s, gen.first_phases = ev.seconds, ev.phases
         else:
             gen.tokens += ev.emitted
             gen.rounds.append(ev)
+        if keep_scores and ev.scores is not None:
+            gen.scores.append(ev.scores)
     gen.decode_s = time.perf_counter() - t0 - gen.prefill_s
     mx.eval(engine.state())  # untimed: work an arm left in flight must not run inside the next arm's timing
     gen.peak_bytes, gen.cache_bytes = mx.get_peak_memory(), cache_nbytes(engine.caches())
@@ -106,21 +120,39 @@ def divergence(tokens: list[int], reference: list[int]) -> dict:
             "matched_fraction": matched / max(len(reference), 1)}
 
 
-def divergence_margin(target: Target, ids: list[int], reference: list[int], tokens: list[int], at: int) -> dict:
-    """At the first divergence: the reference run's top-1/top-2 tokens and logit margin.
+def divergence_margin(reference_arm: Engine, ref: Generation, ids: list[int], tokens: list[int], at: int) -> dict:
+    """At the first divergence: the reference run's top-1/top-2 tokens and score margin,
+    from the reference arm's own numbers: an external arm's log-probabilities where it
+    gives them (mlx-lm's generate_step does; a log-probability margin is the logit
+    margin), else the reference target re-run over the reference output (the harness's
+    own arms), else recorded as unavailable. Never the method's target under the
+    reference's name.
 
     A margin near float noise means the two runs split on a near-tie; a wide margin
     with the method's token far down the list means a bug.
     """
-    logits = target.prefill(ids + reference[:at]).astype(mx.float32)  # [V] for output position `at`
+    reference = ref.tokens
+    out = {"reference_token": reference[at] if at < len(reference) else None,
+           "method_token": tokens[at] if at < len(tokens) else None}
+    if at >= len(reference):
+        return {**out, "margin_source": "unavailable: the reference output ended here"}
+    if reference_arm.external:
+        if at >= len(ref.scores):
+            return {**out, "margin_source": f"unavailable: {reference_arm.name} gives no scores"}
+        logits, source = ref.scores[at].reshape(-1).astype(mx.float32), f"{reference_arm.name} log-probabilities"
+    else:
+        logits = reference_arm.target.prefill(ids + reference[:at]).astype(mx.float32)  # [V] for output position `at`
+        source = "reference target re-run over the reference output"
+    return {**out, **_margin(logits, tokens, at), "margin_source": source}
+
+
+def _margin(logits: mx.array, tokens: list[int], at: int) -> dict:
     order = mx.argsort(-logits)
     rank = None
     if at < len(tokens):
         rank = int(mx.sum(logits > logits[tokens[at]]).item())
     top1, top2 = order[0].item(), order[1].item()
-    return {"reference_token": reference[at] if at < len(reference) else None,
-            "method_token": tokens[at] if at < len(tokens) else None,
-            "reference_top1": top1, "reference_top2": top2,
+    return {"reference_top1": top1, "reference_top2": top2,
             "reference_margin": (logits[top1] - logits[top2]).item(), "method_token_rank": rank}
 
 
@@ -137,10 +169,14 @@ def _timed_verify(target: Target, start: tuple, tokens: list[int], n_keep: int |
     return dt * 1e3
 
 
-def compare_rollbacks(like: Target, ids: list[int], block: int, n: int = 5) -> dict:
+def compare_rollbacks(like: Target, ids: list[int], block: int, accept_hist: list[int] | None = None,
+                      n: int = 5) -> dict:
     """ms of a verify over `block` tokens plus its rollback, per recurrent rollback strategy,
-    averaged over every accepted count (median of n passes each): which strategy is fastest
-    on this model and backend, for a target set up `like` the cell's."""
+    averaged over the accepted counts as the cell's own rounds weight them (`accept_hist`:
+    rounds per accepted count, from the warm-up; uniform without one), median of n passes
+    each: which strategy is fastest for this cell, for a target set up `like` the cell's."""
+    counts = list(accept_hist or [])[:block] + [0] * block
+    weights = counts[:block] if sum(counts[:block]) else [1] * block  # weight of keep = accepted + 1
     costs = {}
     for strategy in ROLLBACK_STRATEGIES:
         target = Target(like.model, kv=like.kv, rollback=strategy, kv_group_size=like.kv_group_size,
@@ -149,12 +185,14 @@ def compare_rollbacks(like: Target, ids: list[int], block: int, n: int = 5) -> d
         target.prefill(ids)
         start = target.mark()
         pending = ids[-1]
-        keeps = range(1, block + 1)
+        keeps = range(1, block + 1)  # keep = accepted + 1
         for keep in keeps:
             _timed_verify(target, start, [pending] * block, keep)  # warm-up of every shape
         passes = [[_timed_verify(target, start, [pending] * block, keep) for keep in keeps] for _ in range(n)]
-        costs[strategy] = statistics.mean(statistics.median(p[i] for p in passes) for i in range(len(keeps)))
-    return {"block": block, "verify_and_rollback_ms": costs, "fastest": min(costs, key=costs.get)}
+        per_keep = [statistics.median(p[i] for p in passes) for i in range(len(keeps))]
+        costs[strategy] = sum(w * ms for w, ms in zip(weights, per_keep)) / sum(weights)
+    return {"block": block, "verify_and_rollback_ms": costs, "fastest": min(costs, key=costs.get),
+            "weights": weights, "weighted_by": "the warm-up's accepted counts" if accept_hist else "uniform"}
 
 
 def calibrate(target: Target, ids: list[int], block: int, n: int = 7) -> dict:
@@ -199,7 +237,7 @@ def context_scaling(engine: Engine, ids: list[int], sampler: Sampler, new_tokens
 def _round_table(gen: Generation) -> dict:
     # Column-oriented per-round arrays: compact in JSON, direct to a DataFrame.
     table = {"drafted": [r.drafted for r in gen.rounds], "accepted": [r.accepted for r in gen.rounds],
-             "ms": [round(r.seconds * 1e3, 4) for r in gen.rounds]}
+             "emitted": [len(r.emitted) for r in gen.rounds], "ms": [round(r.seconds * 1e3, 4) for r in gen.rounds]}
     if any(r.tree_size for r in gen.rounds):
         table["tree_size"] = [r.tree_size for r in gen.rounds]
     phases = sorted({p for r in gen.rounds for p in (r.phases or {})})
@@ -222,6 +260,14 @@ class Arms:
         return [self.method] + ([self.base] if self.base else [])
 
 
+def method_first(unit: int, rep: int) -> bool:
+    """Whether the method arm runs before the reference in rep `rep` of prompt (turn) `unit`:
+    alternating over reps (AB BA AB ...) and over prompts, so an order effect (a warm or cold
+    cache, allocator state, clock boost) is paid by both arms alike and cancels in the
+    geometric mean of the paired ratios."""
+    return (unit + rep) % 2 == 0
+
+
 def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=None) -> dict:
     """Run every prompt (and turn) of the cell; returns the record's per-prompt list and summary."""
     sampler = Sampler(bench.temperature, bench.seed)
@@ -233,31 +279,31 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
     warm_every = warmup_every_prompt(bench)
     for u, (prompt, turn) in enumerate(units):
         ids = encode_turn(tokenizer, prompt, turn, answers.get(prompt.id, []), bench.chat_template)
-        run = lambda eng, profile=False: run_generation(eng, ids, bench.max_new_tokens, sampler, profile, stop)
-        if u == 0:
-            calibration = _calibrate_cell(arms, ids, sampler)
+
+        def run(eng, profile=False, keep_scores=False):
+            return run_generation(eng, ids, bench.max_new_tokens, sampler, profile, stop, keep_scores)
+
         if u == 0 or warm_every:
-            for _ in range(bench.warmup):
-                run(arms.method)
-                if arms.base:
-                    run(arms.base)
-        gm, gb = [], []
-        for r in range(bench.reps):
-            if r and bench.cooldown_s:
-                time.sleep(bench.cooldown_s)
-            gm.append(run(arms.method))
-            reps_m[r].append(gm[-1])
-            if arms.base:
-                gb.append(run(arms.base))
-                reps_b[r].append(gb[-1])
+            warm = _warm_up(arms, run, bench.warmup)
+        if u == 0:
+            calibration = _calibrate_cell(arms, ids, sampler, warm)
+            if calibration.get("rollback", {}).get("switched"):
+                _warm_up(arms, run, min(bench.warmup, 1))  # the chosen strategy's shapes, before timing
+        gm, gb, order = _timed_reps(arms, run, u, bench)
+        for r, (m, b) in enumerate(zip(gm, gb or [None] * len(gm))):
+            reps_m[r].append(m)
+            if b is not None:
+                reps_b[r].append(b)
         ref = gb[0] if arms.base else gm[0]
         answers.setdefault(prompt.id, []).append(tokenizer.decode(ref.tokens))
         prof = run(arms.method, profile=True) if bench.profile else None
         item = _prompt_item(prompt, turn, ids, gm, gb, prof)
+        item["arm_order"] = order
         if prof and arms.base and arms.reference_is_base:
-            item["base_profile"] = {"rounds_detail": _round_table(run(arms.base, profile=True))}
+            bprof = run(arms.base, profile=True)
+            item["base_profile"] = {"rounds_detail": _round_table(bprof), "first_token": _first_token(bprof)}
         if item["first_divergence"] is not None:
-            item["divergence"] = divergence_margin(arms.method.target, ids, ref.tokens, gm[0].tokens,
+            item["divergence"] = divergence_margin(arms.base or arms.method, ref, ids, gm[0].tokens,
                                                    item["first_divergence"])
         items.append(item)
         if progress:
@@ -265,23 +311,55 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
     summary = _summary(items, reps_m, reps_b if arms.base else None)
     summary["verify_cost_ratio"] = calibration["verify_cost_ratio"]  # verify of a full block / one decode step
     summary["model"] = speedup_model(items, summary, calibration, arms.block,
-                                     getattr(arms.method, "incremental_verify", True),
-                                     getattr(arms.method, "verifies_full_block", False))
+                                     arms.method.incremental_verify, arms.method.verifies_full_block)
     return {"prompts": items, "calibration": calibration, "summary": summary}
 
 
-def _calibrate_cell(arms: Arms, ids: list[int], sampler: Sampler) -> dict:
+def _warm_up(arms: Arms, run, n: int) -> Generation | None:
+    # Untimed generations of each arm; returns the method's last (its acceptance weights rollback choice).
+    last = None
+    for _ in range(n):
+        last = run(arms.method)
+        if arms.base:
+            run(arms.base)
+    return last
+
+
+def _timed_reps(arms: Arms, run, unit: int, bench) -> tuple[list[Generation], list[Generation], list[str]]:
+    # Per rep, both arms side by side in alternating order, the allocator's cache emptied before
+    # each so neither inherits the other's buffers. Order per rep: "mb" (method first) or "bm".
+    gm, gb, order = [], [], []
+    keep = arms.base is not None and arms.base.scores  # the reference's own scores, for divergence margins
+    for r in range(bench.reps):
+        if r and bench.cooldown_s:
+            time.sleep(bench.cooldown_s)
+        first = method_first(unit, r) or arms.base is None
+        for arm in ("method", "base") if first else ("base", "method"):
+            if arm == "base" and arms.base is None:
+                continue
+            mx.clear_cache()
+            if arm == "method":
+                gm.append(run(arms.method))
+            else:
+                gb.append(run(arms.base, keep_scores=keep and r == 0))
+        order.append("mb" if first else "bm")
+    return gm, gb, order
+
+
+def _calibrate_cell(arms: Arms, ids: list[int], sampler: Sampler, warm: Generation | None) -> dict:
     target = arms.method.target
     rollbacks = None
     if target.layout.recurrent and arms.block > 1:
-        rollbacks = compare_rollbacks(target, ids, arms.block)
+        hist = warm.acceptance()["accept_hist"] if warm and warm.rounds else None
+        rollbacks = compare_rollbacks(target, ids, arms.block, hist)
         if arms.rollback_auto:
+            rollbacks["switched"] = rollbacks["fastest"] != target.strategy
             for eng in arms.engines():
                 eng.target.set_strategy(rollbacks["fastest"])
     calibration = calibrate(target, ids, arms.block)
     if rollbacks:
         calibration["rollback"] = rollbacks
-    if arms.block > 1 and not getattr(arms.method, "external", False):
+    if arms.block > 1 and not arms.method.external:
         calibration["context_scaling"] = context_scaling(arms.method, ids, sampler)
     return calibration
 
@@ -303,18 +381,28 @@ def _prompt_item(prompt: Prompt, turn: int, ids, gm: list[Generation], gb: list[
             "deterministic": all(x.tokens == g.tokens for x in gm[1:] + ([prof] if prof else [])),
             **_timings(gm), **g.acceptance(), **divergence(g.tokens, ref),
             "rounds_detail": _round_table(prof or g)}
+    if prof:
+        item["first_token"] = _first_token(prof)
     if gb:
         item["base"] = _timings(gb)
+        item["speedup_reps"] = [m.decode_tps / b.decode_tps for m, b in zip(gm, gb)]
+        item["speedup"] = stats.geo_mean(item["speedup_reps"])  # this prompt's paired ratio over its reps
     return item
 
 
 OUTLIER_FACTOR = 3.0  # a rep slower than median / this is flagged, never silently averaged
 
 
+def _first_token(gen: Generation) -> dict | None:
+    # ms of a profiled run's time to first token, split into the target's prefill and the method's prepare()
+    return {p: round(1e3 * sec, 4) for p, sec in gen.first_phases.items()} if gen.first_phases else None
+
+
 def _timings(gens: list[Generation]) -> dict:
     tps = [x.decode_tps for x in gens]
     median = statistics.median(tps)
     return {"prefill_s": [x.prefill_s for x in gens], "decode_s": [x.decode_s for x in gens], "decode_tps": tps,
+            "n_tokens_reps": [len(x.tokens) for x in gens], "e2e_tps": [x.e2e_tps for x in gens],
             "outlier_reps": [r for r, t in enumerate(tps) if t < median / OUTLIER_FACTOR],
             # the typical round, untouched by rare slow ones (a recompile, a stall): per-round cost side by side
             "round_ms_median": 1e3 * statistics.median([r.seconds for x in gens for r in x.rounds] or [float("nan")]),
@@ -326,11 +414,21 @@ def _tps(gens: list[Generation]) -> float:
     return sum(g.decode_tokens for g in gens) / secs if secs > 0 else float("nan")
 
 
+def _e2e_tps(gens: list[Generation]) -> float:
+    secs = sum(g.prefill_s + g.decode_s for g in gens)
+    return sum(len(g.tokens) for g in gens) / secs if secs > 0 else float("nan")
+
+
+def _ms_median(gens: list[list[Generation]]) -> float:
+    return 1e3 * statistics.median(g.prefill_s for rep in gens for g in rep)
+
+
 def _summary(items: list[dict], reps_m: list[list[Generation]], reps_b: list[list[Generation]] | None) -> dict:
     tps_m = [_tps(gens) for gens in reps_m]
     out = {"decode_tps": statistics.median(tps_m), "decode_tps_reps": tps_m,
            "decode_sigma_pct": stats.sigma_pct(tps_m), "prompts": len(items),
-           "tokens": sum(i["n_tokens"] for i in items), "reps": len(tps_m)}
+           "tokens": sum(i["n_tokens"] for i in items), "reps": len(tps_m),
+           "ttft_ms": _ms_median(reps_m), "e2e_tps": statistics.median(_e2e_tps(g) for g in reps_m)}
     rounds = sum(i["rounds"] for i in items)
     drafted = sum(i["drafted"] for i in items)
     out["tau"] = sum(i["n_tokens"] - 1 for i in items) / rounds if rounds else None
@@ -354,17 +452,36 @@ def _summary(items: list[dict], reps_m: list[list[Generation]], reps_b: list[lis
         out["base_round_ms_median"] = statistics.median(i["base"]["round_ms_median"] for i in items)
         out["base_peak_memory_bytes"] = max(i["base"]["peak_memory_bytes"] for i in items)
         out["base_cache_bytes"] = max(i["base"]["cache_bytes"] for i in items)
+    out["estimator"] = stats.ESTIMATOR
     if reps_b:
         tps_b = [_tps(gens) for gens in reps_b]
         paired = stats.Paired(tps_m, tps_b).summary()
         out.update({"base_decode_tps": paired["reference_tps_median"], "base_decode_tps_reps": tps_b,
                     "base_sigma_pct": paired["reference_sigma_pct"], "speedup": paired["speedup"],
                     "speedup_reps": paired["ratio_reps"], "ratio_of_medians": paired["ratio_of_medians"],
-                    "speedup_ci_low": paired["speedup_ci_low"], "speedup_ci_high": paired["speedup_ci_high"]})
+                    "speedup_ci_low": paired["speedup_ci_low"], "speedup_ci_high": paired["speedup_ci_high"],
+                    "base_ttft_ms": _ms_median(reps_b),
+                    "base_e2e_tps": statistics.median(_e2e_tps(g) for g in reps_b)})
+        e2e = stats.Paired([_e2e_tps(g) for g in reps_m], [_e2e_tps(g) for g in reps_b]).summary()
+        out.update(e2e_speedup=e2e["speedup"], e2e_speedup_ci_low=e2e["speedup_ci_low"],
+                   e2e_speedup_ci_high=e2e["speedup_ci_high"])
+        out.update(prompt_spread([i for i in items if "speedup" in i]))
     else:
         out.update({"base_decode_tps": out["decode_tps"], "base_sigma_pct": out["decode_sigma_pct"],
-                    "speedup": 1.0, "ratio_of_medians": 1.0, "speedup_ci_low": None, "speedup_ci_high": None})
+                    "speedup": 1.0, "ratio_of_medians": 1.0, "speedup_ci_low": None, "speedup_ci_high": None,
+                    "base_ttft_ms": out["ttft_ms"], "base_e2e_tps": out["e2e_tps"], "e2e_speedup": 1.0,
+                    "e2e_speedup_ci_low": None, "e2e_speedup_ci_high": None})
     return out
+
+
+def prompt_spread(items: list[dict]) -> dict:
+    """The speedup over prompts: the geometric mean of the per-prompt (per-turn) paired
+    ratios and its interval, which covers prompt-to-prompt spread (stats module docstring)."""
+    if not items:
+        return {}
+    point, lo, hi = stats.geo_mean_interval([i["speedup"] for i in items])
+    return {"speedup_prompts": point, "speedup_prompts_ci_low": lo, "speedup_prompts_ci_high": hi,
+            "speedup_prompts_n": len(items)}
 
 
 def base_step(items: list[dict]) -> dict | None:
@@ -396,7 +513,7 @@ def _profiled_rounds(items: list[dict]) -> tuple[dict[int, list[int]], int]:
     tokens = 0
     for i in items:
         detail = i["rounds_detail"]
-        tokens += sum(detail["accepted"]) + len(detail["accepted"])
+        tokens += sum(detail["emitted"]) if "emitted" in detail else sum(detail["accepted"]) + len(detail["accepted"])
         for k, v in zip(detail["drafted"], detail.get("tree_size") or detail["drafted"]):
             fed.setdefault(k, []).append(v)
     return fed, tokens

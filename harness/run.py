@@ -131,7 +131,7 @@ def _build_arms(model, tokenizer, cfg) -> Arms:
                         stage_every=cfg.dispatch.stage_every, stable_attention=cfg.dispatch.stable_attention,
                         small_m_gemm=cfg.dispatch.small_m_gemm)
         eng = get_engine(name)(target, method_cfg)
-        if getattr(eng, "external", False):
+        if eng.external:
             eng.tokenizer = tokenizer  # reference APIs take one (for stop tokens); ids still go in and out
         return eng
 

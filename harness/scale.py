@@ -88,12 +88,19 @@ def build_dflash(preset: str, dest: Path) -> None:
     save_drafter(DFlashDrafter(DFlashConfig.from_json(spec, f"dflash_spec({preset})")), dest)
 
 
+def _stale(dest: Path) -> bool:
+    # A build from before the fixture tokenizer was retrained (e.g. on the held-out corpus)
+    # would tokenize prompts differently from a fresh one: rebuild it.
+    built = dest / "tokenizer.json"
+    return not built.is_file() or built.read_bytes() != (fixtures.SHIPPED_DIR / "tokenizer.json").read_bytes()
+
+
 def checkpoint_dir(preset: str) -> Path:
     """`scale:<preset>`: the checkpoint built on first use under SPEC_HARNESS_HOME (2 GB each)."""
     if preset not in PRESETS:
         raise KeyError(f"unknown scale preset {preset!r}; available: {', '.join(sorted(PRESETS))}")
     dest = fixtures.home() / "scale" / preset
-    if not (dest / "config.json").exists() or not (dflash_dir(dest) / "config.json").exists():
+    if not (dest / "config.json").exists() or not (dflash_dir(dest) / "config.json").exists() or _stale(dest):
         tmp = dest.with_name(f".{preset}.building")
         build(preset, tmp)
         for d, final in ((dflash_dir(tmp), dflash_dir(dest)), (tmp, dest)):

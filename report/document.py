@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness import stats
+
 from report import plots
 from report.frames import accept_hists, categories, cells, profiles, prompts
 from report.tables import (CATEGORY_CAPTION, arch_tables, category_tables, divergence_table, model_table,
@@ -37,13 +39,19 @@ def header(root: Path, records) -> str:
         f"{bench('per_category')}, categories {bench('categories')}; {bench('max_new_tokens')} new tokens per generation "
         f"(EOS ignored: {bench('stop_at_eos')} = stop_at_eos), temperature {bench('temperature')}, seed {bench('seed')}",
         *_source_lines(records),
-        f"- Each method cell runs its method arm and a base arm on the same prompts, interleaved "
-        f"(method, base, method, base ...), {bench('reps')} timed reps after {bench('warmup')} warm-up "
-        f"generation(s) per arm, cool-down {bench('cooldown_s')} s between reps.",
-        "- tok/s is decode throughput (tokens after the first / time after the prefill). The speedup is "
-        "the median over reps of method tok/s / reference tok/s from the same rep (the reference is base decoding "
-        "unless the method column names another); the 95% CI is a t-interval on "
-        "the log ratios; sigma% is the spread of each arm over reps.",
+        f"- Each method cell runs its method arm and its reference arm side by side on every prompt, "
+        f"{bench('reps')} timed reps after {bench('warmup')} warm-up generation(s) per arm, the order of the two "
+        f"alternating from rep to rep and prompt to prompt (the records' `arm_order`), the allocator's cache "
+        f"emptied before each arm, cool-down {bench('cooldown_s')} s between reps.",
+        "- tok/s is decode throughput (tokens after the first / time after the first token). TTFT (time to "
+        "first token) is the target's prefill plus the method's own work over the prompt (a drafter's context "
+        "pass); end-to-end tok/s counts every token over the whole wait, TTFT included.",
+        f"- Every speedup is one estimator: the {stats.ESTIMATOR} (the reference is base decoding unless the "
+        "method column names another). `speedup [95% CI: reps]` pairs whole reps (all prompts' tokens over "
+        "all their time, per arm): its interval covers run-to-run timing noise on these fixed prompts only. "
+        "`over prompts` pairs each prompt (turn) over its reps and takes the same estimator over prompts: its "
+        "interval covers prompt-to-prompt spread, i.e. the mean speedup to expect on other prompts like these; "
+        "the category tables give both per category. sigma% is the spread of each arm over reps.",
         "- tau = tokens per target verify (accepted drafts + bonus; base = 1). Acceptance = accepted / "
         "drafted tokens; by position: share of drafts at position i that were accepted.",
         *_cut_note(records),
@@ -117,10 +125,12 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
     doc = [header(root, records),
            "## Results", "", arch_tables(df),
            "## Results by prompt category", "", CATEGORY_CAPTION, "", category_tables(cat),
-           "## Divergence from base", "",
-           "Where an output leaves the base arm's output: the base run's top-1/top-2 logit margin at that "
-           "position (a margin at float-noise level is a numerical near-tie, a wide one a bug) and the rank "
-           "of the method's token among the base logits. The last column shows what `method=control` (an "
+           "## Divergence from the reference", "",
+           "Where an output leaves the reference arm's output: the reference's own top-1/top-2 score margin at "
+           "that position (a margin at float-noise level is a numerical near-tie, a wide one a bug) and the rank "
+           "of the method's token among its scores. The scores are the reference's own: the harness's base "
+           "target re-run over the base output, mlx-lm's log-probabilities for `vs mlx_lm`; an arm that gives "
+           "none (`vs dflash_zlab`) shows `-`. The last column shows what `method=control` (an "
            "empty draft through the same batched verify) did on that prompt at the same block size and kv, "
            "when the run includes it: a control that leaves base too means verify numerics, one that keeps "
            "base points at the method.", "",

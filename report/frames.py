@@ -12,7 +12,9 @@ from harness.measure import phase_means
 from harness.records import iter_records
 
 CELL_COLUMNS = ["arch", "method", "block_size", "kv", "reference", "status", "base_decode_tps", "decode_tps", "speedup",
-                "speedup_ci_low", "speedup_ci_high", "ratio_of_medians", "base_sigma_pct", "decode_sigma_pct",
+                "speedup_ci_low", "speedup_ci_high", "speedup_prompts", "speedup_prompts_ci_low",
+                "speedup_prompts_ci_high", "e2e_speedup", "e2e_speedup_ci_low", "e2e_speedup_ci_high",
+                "base_ttft_ms", "ttft_ms", "base_e2e_tps", "e2e_tps", "ratio_of_medians", "base_sigma_pct", "decode_sigma_pct",
                 "tau", "acceptance_rate", "per_position_acceptance", "diverged_prompts", "prompts",
                 "earliest_divergence", "matched_fraction", "predicted_speedup", "break_even_acceptance",
                 "verify_cost_ratio", "round_cost_ratio", "iid_acceptance", "weight_bytes", "stream_gbs",
@@ -147,6 +149,7 @@ ALL = "all"  # the category row of a cell's every prompt: the same estimators ov
 
 CATEGORY_COLUMNS = ["arch", "method", "block_size", "kv", "reference", "category", "prompts", "turns", "tokens",
                     "base_decode_tps", "decode_tps", "speedup", "speedup_ci_low", "speedup_ci_high",
+                    "speedup_prompts", "speedup_prompts_ci_low", "speedup_prompts_ci_high",
                     "ratio_of_medians", "tau", "acceptance_rate", "per_position_acceptance", "rounds", "drafted",
                     "accepted", "reps", "cell_id"]
 
@@ -183,13 +186,20 @@ def _rep_tps(timings: list[dict]) -> list[float]:
     return out
 
 
+def _prompt_ratio(item: dict) -> float:
+    # One prompt's paired speedup: the geometric mean over its reps of method / reference tok/s.
+    return stats.geo_mean([m / b for m, b in zip(item["decode_tps"], item["base"]["decode_tps"])])
+
+
 def category_summary(items: list[dict]) -> dict:
     """tok/s, paired speedup, tau and acceptance of a group of a cell's per-prompt items.
 
     tok/s per arm: per rep, the group's decode tokens over its decode time, median over
     reps. Speedup: per rep, method tok/s over reference tok/s of the same rep (a ratio of
-    summed tokens over summed time per arm), median over reps, 95% CI a t-interval on the
-    log ratios. Over all of a cell's items these are the record's summary numbers.
+    summed tokens over summed time per arm), their geometric mean and its 95% t-interval
+    on the log ratios (timing noise); speedup_prompts: the same estimator over the
+    group's per-prompt ratios (prompt-to-prompt spread). Over all of a cell's items these
+    are the record's summary numbers.
     tau = decode tokens / rounds; acceptance = accepted / drafted drafts."""
     tps_m = _rep_tps(items)
     out = {"prompts": len({i["id"] for i in items}), "turns": len(items), "tokens": sum(i["n_tokens"] for i in items),
@@ -199,6 +209,8 @@ def category_summary(items: list[dict]) -> dict:
         out.update(base_decode_tps=paired["reference_tps_median"], speedup=paired["speedup"],
                    speedup_ci_low=paired["speedup_ci_low"], speedup_ci_high=paired["speedup_ci_high"],
                    ratio_of_medians=paired["ratio_of_medians"])
+        point, lo, hi = stats.geo_mean_interval([_prompt_ratio(i) for i in items])
+        out.update(speedup_prompts=point, speedup_prompts_ci_low=lo, speedup_prompts_ci_high=hi)
     else:  # the method is its own reference (a base cell)
         out.update(base_decode_tps=out["decode_tps"], speedup=1.0, speedup_ci_low=None, speedup_ci_high=None,
                    ratio_of_medians=1.0)

@@ -16,11 +16,18 @@ def _md(rows, headers) -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
-def _speedup(r) -> str:
-    s = _fmt(r["speedup"], ".3f") + "x"
-    if r.get("speedup_ci_low") is not None and not pd.isna(r.get("speedup_ci_low")):
-        s += f" [{r['speedup_ci_low']:.3f}, {r['speedup_ci_high']:.3f}]"
+def _speedup(r, key: str = "speedup") -> str:
+    # "1.234x [lo, hi]": an estimate and its own interval (key_ci_low / key_ci_high), "-" where absent
+    if r.get(key) is None or pd.isna(r.get(key)):
+        return "-"
+    s = _fmt(r[key], ".3f") + "x"
+    if r.get(f"{key}_ci_low") is not None and not pd.isna(r.get(f"{key}_ci_low")):
+        s += f" [{r[f'{key}_ci_low']:.3f}, {r[f'{key}_ci_high']:.3f}]"
     return s
+
+
+def _pair(r, ref: str, method: str, spec: str) -> str:
+    return f"{_fmt(r.get(ref), spec)}/{_fmt(r.get(method), spec)}"
 
 
 def _positions(rates) -> str:
@@ -42,17 +49,19 @@ def cell_table(df: pd.DataFrame) -> str:
     rows = []
     for _, r in _order(df).iterrows():
         if r["status"] != "ok":
-            rows.append([r["method"], _fmt(r["block_size"], "d"), r["kv"], *["-"] * 7,  # the reason under "diverged"
+            rows.append([r["method"], _fmt(r["block_size"], "d"), r["kv"], *["-"] * 10,  # the reason under "diverged"
                          f"{r['status']}: {r['reason']}"])
             continue
         div = f"{int(r['diverged_prompts'])}/{int(r['prompts'])}"
         if r["diverged_prompts"]:
             div += f" (first at {int(r['earliest_divergence'])})"
         rows.append([r["method"], _fmt(r["block_size"], "d"), r["kv"], _fmt(r["base_decode_tps"], ".1f"),
-                     _fmt(r["decode_tps"], ".1f"), _speedup(r), _fmt(r["tau"], ".2f"),
+                     _fmt(r["decode_tps"], ".1f"), _speedup(r), _speedup(r, "speedup_prompts"),
+                     _speedup(r, "e2e_speedup"), _pair(r, "base_ttft_ms", "ttft_ms", ".1f"), _fmt(r["tau"], ".2f"),
                      _fmt(r["acceptance_rate"], ".1%"), _positions(r["per_position_acceptance"]),
                      _sigma(r), div])
-    headers = ["method", "block", "kv", "reference tok/s", "tok/s", "speedup [95% CI]", "tau", "accept",
+    headers = ["method", "block", "kv", "reference tok/s", "tok/s", "speedup [95% CI: reps]",
+               "over prompts [95% CI]", "end-to-end [95% CI: reps]", "TTFT ms reference/method", "tau", "accept",
                "accept by position", "sigma% reference/method", "diverged"]
     return _md(rows, headers)
 

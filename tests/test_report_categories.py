@@ -58,7 +58,8 @@ def _row(df, method, category):
 
 def _ci(ratios):
     logs = [math.log(r) for r in ratios]
-    half = 4.303 * statistics.stdev(logs) / math.sqrt(3)  # t(0.975, df=2)
+    t = {3: 4.303, 4: 3.182}[len(logs)]  # t(0.975, df = n - 1), from a table
+    half = t * statistics.stdev(logs) / math.sqrt(len(logs))
     return math.exp(statistics.mean(logs) - half), math.exp(statistics.mean(logs) + half)
 
 
@@ -74,9 +75,11 @@ def test_code_and_prose_get_their_own_acceptance_tau_and_paired_speedup():
     # per rep, summed tokens over summed time (rep 1: 16 / 0.3 s), not the mean of per-prompt rates (60)
     method_reps, base_reps = [16 / 0.2, 16 / 0.3, 16 / 0.4], [16 / 0.8, 16 / 0.9, 16 / 0.8]
     assert code["decode_tps"] == pytest.approx(16 / 0.3) and code["base_decode_tps"] == pytest.approx(20.0)
-    # the median of the paired per-rep ratios (4, 3, 2), neither their mean nor the ratio of medians (2.67)
+    # the geometric mean of the paired per-rep ratios (4, 3, 2): 24^(1/3), neither their median (3), their
+    # mean nor the ratio of medians (2.67)
     ratios = [m / b for m, b in zip(method_reps, base_reps)]
-    assert ratios == pytest.approx([4.0, 3.0, 2.0]) and code["speedup"] == pytest.approx(3.0)
+    assert ratios == pytest.approx([4.0, 3.0, 2.0]) and code["speedup"] == pytest.approx(24 ** (1 / 3))
+    assert code["speedup_ci_low"] < code["speedup"] < code["speedup_ci_high"]
     assert code["ratio_of_medians"] == pytest.approx((16 / 0.3) / 20)
     assert (code["speedup_ci_low"], code["speedup_ci_high"]) == pytest.approx(_ci(ratios))
 
@@ -87,7 +90,12 @@ def test_code_and_prose_get_their_own_acceptance_tau_and_paired_speedup():
 
     every = _row(df, "ngram", "all")  # the whole cell by the same estimators
     ratios = [(32 / 1.8) / (32 / 1.6), (32 / 1.9) / (32 / 1.7), (32 / 2.0) / (32 / 1.6)]
-    assert every["speedup"] == pytest.approx(statistics.median(ratios))
+    assert every["speedup"] == pytest.approx(math.exp(statistics.mean(math.log(r) for r in ratios)))
+    # over prompts: each turn's geometric-mean ratio over its reps (prose 0.5 twice; code-1 4, 2.5, 4;
+    # code-2 4, 4, 4/3), then their geometric mean and its t-interval over the 4 turns
+    per_prompt = [0.5, 0.5, (4 * 2.5 * 4) ** (1 / 3), (4 * 4 * 4 / 3) ** (1 / 3)]
+    assert every["speedup_prompts"] == pytest.approx(math.exp(statistics.mean(math.log(r) for r in per_prompt)))
+    assert (every["speedup_prompts_ci_low"], every["speedup_prompts_ci_high"]) == pytest.approx(_ci(per_prompt))
     assert every["acceptance_rate"] == pytest.approx(10 / 24) and every["tau"] == pytest.approx(32 / 22)
 
     base = _row(df, "base", "code")  # its own reference: no pairing
@@ -109,7 +117,7 @@ def test_the_category_tables_put_each_number_under_its_category():
     speed = _table(md, "Speedup vs the reference arm [95% CI]")
     assert list(speed["ngram"]) == ["method", "block", "kv", "all", "prose", "code"]
     lo, hi = _ci([4.0, 3.0, 2.0])
-    assert speed["ngram"]["code"] == f"3.000x [{lo:.3f}, {hi:.3f}]"
+    assert speed["ngram"]["code"] == f"{24 ** (1 / 3):.3f}x [{lo:.3f}, {hi:.3f}]"
     assert speed["ngram"]["prose"].startswith("0.500x") and speed["base"]["prose"] == "1.000x"
     assert _table(md, "Acceptance (accepted / drafted)")["ngram"] == {
         "method": "ngram", "block": "3", "kv": "native", "all": "41.7%", "prose": "0.0%", "code": "83.3%"}

@@ -1,0 +1,65 @@
+"""Arms alternate within each prompt, so an order-dependent cost cannot bias the ratio.
+
+Two identical arms (base decoding against base decoding) should measure 1.0x. A planted
+delay charged to whichever arm runs first in a pair (a cold cache, a grown allocator) is
+invisible to a fixed order's reader but biases its ratio; alternation cancels it in the
+geometric mean. The tests replace each generation's measured decode time by a synthetic
+one (0.1 s, plus the delay when first) so the check is exact, not at the mercy of noise.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+
+from engines.autoregressive import Autoregressive
+from engines.target import Target
+from harness import measure
+from harness.measure import Arms, measure_cell
+from tests.conftest import builtin_prompts
+
+BENCH = SimpleNamespace(temperature=0.0, seed=0, stop_at_eos=False, max_new_tokens=6, warmup=0,
+                        warmup_scope="first", reps=4, cooldown_s=0.0, profile=False, chat_template=True)
+DELAY_S, DECODE_S = 0.5, 0.1
+
+
+def _cell(models, monkeypatch):
+    model, tok = models["llama"]
+    runs = []
+    real = measure.run_generation
+
+    def planted(engine, *args, **kw):
+        gen = real(engine, *args, **kw)
+        first_of_pair = len(runs) % 2 == 0  # warm-up 0, no profile, block 1: every run is one of a timed pair
+        gen.decode_s = DECODE_S + (DELAY_S if first_of_pair else 0.0)
+        runs.append(engine)
+        return gen
+
+    monkeypatch.setattr(measure, "run_generation", planted)
+    arms = Arms(Autoregressive(Target(model), None), Autoregressive(Target(model), None), 1)
+    out = measure_cell(arms, tok, builtin_prompts()[:3], BENCH)
+    return out, runs, arms
+
+
+def test_the_arm_order_alternates_and_is_recorded(models, monkeypatch):
+    out, runs, arms = _cell(models, monkeypatch)
+    orders = [i["arm_order"] for i in out["prompts"]]
+    assert orders[0] == ["mb", "bm", "mb", "bm"] and orders[1] == ["bm", "mb", "bm", "mb"]
+    assert orders[2] == orders[0]
+    # the order recorded is the order that ran
+    ran = ["mb" if runs[2 * j] is arms.method else "bm" for j in range(len(runs) // 2)]
+    assert ran == [o for order in orders for o in order]
+
+
+def test_a_planted_first_arm_delay_does_not_bias_the_ratio(models, monkeypatch):
+    out, _, _ = _cell(models, monkeypatch)
+    s = out["summary"]
+    assert s["speedup"] == pytest.approx(1.0, rel=1e-9)
+    assert s["speedup_prompts"] == pytest.approx(1.0, rel=1e-9)
+    assert s["speedup_ci_low"] <= s["speedup"] <= s["speedup_ci_high"]
+
+
+def test_a_fixed_order_is_biased_by_the_same_delay(models, monkeypatch):
+    # What the alternation guards against: with the method always first, it alone pays the delay.
+    monkeypatch.setattr(measure, "method_first", lambda unit, rep: True)
+    out, _, _ = _cell(models, monkeypatch)
+    assert out["summary"]["speedup"] == pytest.approx(DECODE_S / (DECODE_S + DELAY_S), rel=0.05)
