@@ -18,6 +18,20 @@ from harness.fixtures import fixture_dir, fixture_names  # noqa: E402
 ARCHS = fixture_names()  # gemma4, gemma4_moe, llama, qwen35
 
 
+# Modules whose tests `python -m pytest -m cuda` selects (pyproject's marker): losslessness of every
+# engine and rollback, and the CUDA kernels' own tests. Engines take the device's dispatch defaults
+# (engines/dispatch.py), so on the GPU machine these run the CUDA-only paths.
+CUDA_MODULES = {"test_lossless", "test_dflash", "test_eagle3", "test_mtp", "test_rollback", "test_quantized",
+                "test_sampling", "test_gemm", "test_deltanet_cuda", "test_dispatch", "test_first_token",
+                "test_round_accounting"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in CUDA_MODULES:
+            item.add_marker(pytest.mark.cuda)
+
+
 @pytest.fixture(scope="session")
 def models():
     """name -> (model, tokenizer), loaded through mlx_lm.load like a real checkpoint and
