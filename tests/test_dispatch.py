@@ -25,9 +25,29 @@ def _dflash(model, arch, **kw):
     return DFlashA(Target(model, **kw), SimpleNamespace(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch))))
 
 
-def test_stable_attention_and_small_m_gemm_are_the_default_under_cuda_only_and_staging_never():
-    cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
-    assert dispatch.dispatch_defaults() == {"stage_every": 0, "stable_attention": cuda, "small_m_gemm": cuda}
+@pytest.mark.parametrize("device, cuda_build, on", [
+    ("cpu", False, False),  # the CPU build
+    ("cpu", True, False),  # a CUDA build running on its CPU device
+    ("gpu", False, False),  # Metal
+    ("gpu", True, True),  # a CUDA GPU
+])
+def test_stable_attention_and_small_m_gemm_are_the_default_under_cuda_only_and_staging_never(monkeypatch, device,
+                                                                                           cuda_build, on):
+    monkeypatch.setattr(mx, "default_device", lambda: mx.Device(getattr(mx, device)))
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: cuda_build)
+    assert dispatch.dispatch_defaults() == {"stage_every": 0, "stable_attention": on, "small_m_gemm": on}
+
+
+def test_a_target_takes_the_devices_defaults_unless_told_otherwise(models, monkeypatch):
+    import engines.target
+
+    monkeypatch.setattr(engines.target, "dispatch_defaults",
+                        lambda: {"stage_every": 3, "stable_attention": True, "small_m_gemm": False})
+    model = models["llama"][0]
+    t = Target(model)
+    assert (t.stage_every, t.stable_attention, t.small_m_gemm) == (3, True, False)
+    t = Target(model, stage_every=0, stable_attention=False)
+    assert (t.stage_every, t.stable_attention) == (0, False)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen35", "gemma4"])

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 from engines.base import DrafterError
 from engines.dflash import DFlashA, load_drafter
@@ -158,12 +159,17 @@ def test_zlab_drafter_with_parts_this_code_does_not_run_is_refused_in_one_line(m
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_a_copy_of_the_target_embedding_in_a_zlab_drafter_is_accepted(models, tmp_path):
-    path = _dflash_new_schema(tmp_path)
+def test_a_copy_of_the_target_embedding_in_a_zlab_drafter_is_accepted_and_left_unused(models, tmp_path):
+    model = models["llama"][0]
+    plain = _dflash_new_schema(tmp_path)
+    path = _dflash_new_schema(tmp_path / "copy")
     w = mx.load(str(path / "model.safetensors"))
-    w["embed_tokens.weight"] = mx.zeros((V, H))
+    w["embed_tokens.weight"] = mx.zeros((V, H))  # zeros: a drafter that took it would embed every token alike
     _write(path, json.loads((path / "config.json").read_text()), w)
-    load_drafter(path, models["llama"][0])
+    with_copy, without = load_drafter(path, model), load_drafter(plain, model)
+    assert with_copy.config == without.config
+    a, b = dict(tree_flatten(with_copy.parameters())), dict(tree_flatten(without.parameters()))
+    assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)  # the same drafter
 
 
 # ---------------------------------------------------------------- EAGLE-3

@@ -15,6 +15,7 @@ from engines.hidden import decoder
 from engines.target import Target
 from harness import fixtures
 from harness.measure import Generation, _timings
+from report.frames import cells
 from tests.conftest import ARCHS
 from tests.helpers import base_engine, generate_ids
 from tests.test_cli import QUICK, harness, records
@@ -114,9 +115,18 @@ def test_base_paired_with_mlx_lm_writes_a_paired_record_with_memory(tmp_path):
     assert s["speedup"] > 0 and s["speedup_ci_low"] is not None and len(s["speedup_reps"]) == 2
     assert s["diverged_prompts"] == 0  # base and mlx-lm agree token for token
     assert s["peak_memory_bytes"] > 0 and s["base_peak_memory_bytes"] > 0
-    assert s["cache_bytes"] > 0 and s["base_cache_bytes"] > 0 and s["outlier_reps"] >= 0
-    assert json.dumps(rec["engine"])  # the method's own description; the reference is named in the cell
+    assert s["cache_bytes"] > 0 and s["base_cache_bytes"] > 0
+    # outliers: the summary counts the reps each prompt flags in either arm, each a rep that ran
+    flagged = [r for item in rec["prompts"] for r in item["outlier_reps"] + item["base"]["outlier_reps"]]
+    assert s["outlier_reps"] == len(flagged) and set(flagged) <= {0, 1}
+    # the method's own description (base trims its cache), not the reference's, which is named in the cell
+    assert rec["engine"].get("rollback") == "trim" and "implementation" not in rec["engine"], rec["engine"]
     assert rec["cell"]["reference"] == "mlx_lm"
+    # strict JSON (no NaN or Infinity, which other readers refuse), and the report reads the cell back as written
+    assert json.loads((out / name).read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the record")) == rec
+    row = cells(out).set_index("cell_id").loc[rec["cell_id"]]
+    assert (row["method"], row["reference"], row["status"]) == ("base vs mlx_lm", "mlx_lm", "ok")
+    assert row["speedup"] == s["speedup"] and row["diverged_prompts"] == 0 and row["prompts"] == s["prompts"]
 
 
 def test_rollback_auto_measures_every_strategy_and_runs_the_fastest(tmp_path):
