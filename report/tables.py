@@ -30,6 +30,11 @@ def _pair(r, ref: str, method: str, spec: str) -> str:
     return f"{_fmt(r.get(ref), spec)}/{_fmt(r.get(method), spec)}"
 
 
+def _one_line(text) -> str:
+    # A reason (an exception's message) inside one table cell: no line breaks, no column bars.
+    return " ".join(str(text).split()).replace("|", "/")
+
+
 def _positions(rates) -> str:
     if not isinstance(rates, (list, tuple)) or not rates:
         return "-"
@@ -50,7 +55,7 @@ def cell_table(df: pd.DataFrame) -> str:
     for _, r in _order(df).iterrows():
         if r["status"] != "ok":
             rows.append([r["method"], _fmt(r["block_size"], "d"), r["kv"], *["-"] * 10,  # the reason under "diverged"
-                         f"{r['status']}: {r['reason']}"])
+                         f"{r['status']}: {_one_line(r['reason'])}"])
             continue
         div = f"{int(r['diverged_prompts'])}/{int(r['prompts'])}"
         if r["diverged_prompts"]:

@@ -165,8 +165,6 @@ def test_a_report_over_error_and_unsupported_records_shows_the_ok_cell_and_lists
         assert sorted(row["status"] for row in csv.DictReader(f)) == ["error", "ok", "unsupported"]
 
 
-@pytest.mark.xfail(strict=True, reason="report/tables.py cell_table writes a failed cell's reason into its table "
-                                       "cell as is: a newline in it adds rows, a '|' adds a column")
 def test_a_failed_cells_multi_line_reason_stays_in_its_one_table_row(failed_sweep):
     from report.frames import cells
     from report.tables import arch_tables
