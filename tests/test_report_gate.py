@@ -32,7 +32,7 @@ def test_report_writes_markdown_csv_and_sane_pngs(tmp_path):
     rep = subprocess.run([sys.executable, "-m", "report", str(out)], cwd=REPO, capture_output=True, text=True)
     assert rep.returncode == 0, rep.stderr
     md = (out / "report.md").read_text()
-    for section in ("## Setup", "## Protocol", "## Results", "### llama", "## Divergence from base",
+    for section in ("## Setup", "## Protocol", "## Results", "### llama", "## Divergence from the reference",
                     "## Per-round profile", "## Speedup model", "## Plots"):
         assert section in md
     assert "speedup [95% CI]" in md and "break-even alpha" in md
