@@ -31,9 +31,9 @@ def test_both_options_are_lossless_in_float32(models, arch):
             got = generate_ids(eng, ids, NEW_TOKENS)
             assert got.tokens == want, f"{eng.name} diverged"
             tokens, rounds = tokens + got.decode_tokens, rounds + len(got.rounds)
-    # The drafters are distilled from their targets (measured tau 1.5-2.0 here); an
-    # untrained or mis-wired drafter gets ~1.0.
-    assert tokens / rounds > 1.35, f"tau {tokens / rounds:.2f}: the drafter barely agrees with its target"
+    # The drafters are distilled from their targets (measured tau 1.18-1.84 here, on prompts
+    # the fixtures never saw in training); a random drafter gets 1.00-1.005.
+    assert tokens / rounds > 1.1, f"tau {tokens / rounds:.2f}: the drafter barely agrees with its target"
 
 
 def test_replay_rollback_is_lossless_on_the_hybrid(models):
