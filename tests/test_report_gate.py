@@ -35,7 +35,7 @@ def test_report_writes_markdown_csv_and_sane_pngs(tmp_path):
     for section in ("## Setup", "## Protocol", "## Results", "### llama", "## Divergence from the reference",
                     "## Per-round profile", "## Speedup model", "## Plots"):
         assert section in md
-    assert "speedup [95% CI]" in md and "break-even alpha" in md
+    assert "speedup [95% CI: reps]" in md and "over prompts [95% CI]" in md and "break-even alpha" in md
     # one arch in two dtypes: two tables, never one that mixes them
     assert "### llama [float32]" in md and "### llama [bfloat16]" in md and "### llama (" not in md
     for name in ("speedup_vs_block", "tau_histograms", "profile", "predicted_vs_measured"):
