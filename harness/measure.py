@@ -290,10 +290,9 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
             if calibration.get("rollback", {}).get("switched"):
                 _warm_up(arms, run, min(bench.warmup, 1))  # the chosen strategy's shapes, before timing
         gm, gb, order = _timed_reps(arms, run, u, bench)
-        for r, (m, b) in enumerate(zip(gm, gb or [None] * len(gm))):
-            reps_m[r].append(m)
-            if b is not None:
-                reps_b[r].append(b)
+        for reps, gens in ((reps_m, gm), (reps_b, gb)):
+            for r, g in enumerate(gens):
+                reps[r].append(g)
         ref = gb[0] if arms.base else gm[0]
         answers.setdefault(prompt.id, []).append(tokenizer.decode(ref.tokens))
         prof = run(arms.method, profile=True) if bench.profile else None
@@ -385,8 +384,6 @@ def _prompt_item(prompt: Prompt, turn: int, ids, gm: list[Generation], gb: list[
         item["first_token"] = _first_token(prof)
     if gb:
         item["base"] = _timings(gb)
-        item["speedup_reps"] = [m.decode_tps / b.decode_tps for m, b in zip(gm, gb)]
-        item["speedup"] = stats.geo_mean(item["speedup_reps"])  # this prompt's paired ratio over its reps
     return item
 
 
@@ -460,12 +457,11 @@ def _summary(items: list[dict], reps_m: list[list[Generation]], reps_b: list[lis
                     "base_sigma_pct": paired["reference_sigma_pct"], "speedup": paired["speedup"],
                     "speedup_reps": paired["ratio_reps"], "ratio_of_medians": paired["ratio_of_medians"],
                     "speedup_ci_low": paired["speedup_ci_low"], "speedup_ci_high": paired["speedup_ci_high"],
-                    "base_ttft_ms": _ms_median(reps_b),
-                    "base_e2e_tps": statistics.median(_e2e_tps(g) for g in reps_b)})
+                    "base_ttft_ms": _ms_median(reps_b)})
         e2e = stats.Paired([_e2e_tps(g) for g in reps_m], [_e2e_tps(g) for g in reps_b]).summary()
-        out.update(e2e_speedup=e2e["speedup"], e2e_speedup_ci_low=e2e["speedup_ci_low"],
-                   e2e_speedup_ci_high=e2e["speedup_ci_high"])
-        out.update(prompt_spread([i for i in items if "speedup" in i]))
+        out.update(base_e2e_tps=e2e["reference_tps_median"], e2e_speedup=e2e["speedup"],
+                   e2e_speedup_ci_low=e2e["speedup_ci_low"], e2e_speedup_ci_high=e2e["speedup_ci_high"])
+        out.update(prompt_spread(items))
     else:
         out.update({"base_decode_tps": out["decode_tps"], "base_sigma_pct": out["decode_sigma_pct"],
                     "speedup": 1.0, "ratio_of_medians": 1.0, "speedup_ci_low": None, "speedup_ci_high": None,
@@ -474,12 +470,16 @@ def _summary(items: list[dict], reps_m: list[list[Generation]], reps_b: list[lis
     return out
 
 
+def prompt_ratio(item: dict) -> float:
+    """One prompt's (turn's) paired speedup: the geometric mean over its reps of method over
+    reference decode tok/s, read from its record item."""
+    return stats.geo_mean([m / b for m, b in zip(item["decode_tps"], item["base"]["decode_tps"], strict=True)])
+
+
 def prompt_spread(items: list[dict]) -> dict:
     """The speedup over prompts: the geometric mean of the per-prompt (per-turn) paired
     ratios and its interval, which covers prompt-to-prompt spread (stats module docstring)."""
-    if not items:
-        return {}
-    point, lo, hi = stats.geo_mean_interval([i["speedup"] for i in items])
+    point, lo, hi = stats.geo_mean_interval([prompt_ratio(i) for i in items])
     return {"speedup_prompts": point, "speedup_prompts_ci_low": lo, "speedup_prompts_ci_high": hi,
             "speedup_prompts_n": len(items)}
 

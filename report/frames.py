@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import stats
-from harness.measure import phase_means
+from harness.measure import phase_means, prompt_spread
 from harness.records import iter_records
 
 CELL_COLUMNS = ["arch", "method", "block_size", "kv", "reference", "status", "base_decode_tps", "decode_tps", "speedup",
@@ -186,11 +186,6 @@ def _rep_tps(timings: list[dict]) -> list[float]:
     return out
 
 
-def _prompt_ratio(item: dict) -> float:
-    # One prompt's paired speedup: the geometric mean over its reps of method / reference tok/s.
-    return stats.geo_mean([m / b for m, b in zip(item["decode_tps"], item["base"]["decode_tps"])])
-
-
 def category_summary(items: list[dict]) -> dict:
     """tok/s, paired speedup, tau and acceptance of a group of a cell's per-prompt items.
 
@@ -209,8 +204,7 @@ def category_summary(items: list[dict]) -> dict:
         out.update(base_decode_tps=paired["reference_tps_median"], speedup=paired["speedup"],
                    speedup_ci_low=paired["speedup_ci_low"], speedup_ci_high=paired["speedup_ci_high"],
                    ratio_of_medians=paired["ratio_of_medians"])
-        point, lo, hi = stats.geo_mean_interval([_prompt_ratio(i) for i in items])
-        out.update(speedup_prompts=point, speedup_prompts_ci_low=lo, speedup_prompts_ci_high=hi)
+        out.update(prompt_spread(items))
     else:  # the method is its own reference (a base cell)
         out.update(base_decode_tps=out["decode_tps"], speedup=1.0, speedup_ci_low=None, speedup_ci_high=None,
                    ratio_of_medians=1.0)

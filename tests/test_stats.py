@@ -120,12 +120,14 @@ def test_cell_summary_from_generations_matches_hand_computation():
     timing = {"outlier_reps": [], "peak_memory_bytes": 3, "cache_bytes": 2, "round_ms_median": 1.5}
     items = [{"n_tokens": 11, "rounds": 5, "drafted": 5, "accepted": 5, "proposed_at": [5], "accepted_at": [5],
               "first_divergence": None, "matched_fraction": 1.0, "deterministic": True, **timing,
-              "base": {**timing, "outlier_reps": [1], "peak_memory_bytes": 4}}]
+              "decode_tps": METHOD, "base": {**timing, "outlier_reps": [1], "peak_memory_bytes": 4, "decode_tps": BASE}}]
     s = _summary(items, reps_m, reps_b)
     assert s["decode_tps_reps"] == pytest.approx(METHOD)
     assert s["base_decode_tps_reps"] == pytest.approx(BASE)
     assert s["speedup"] == pytest.approx(1.10521, rel=1e-4) and s["ratio_of_medians"] == pytest.approx(1.0)
     assert s["speedup_ci_low"] == pytest.approx(0.7085, abs=1e-3)
+    # one prompt: its own paired ratio over the reps, and no interval over prompts from one
+    assert s["speedup_prompts"] == pytest.approx(1.10521, rel=1e-4) and s["speedup_prompts_ci_low"] is None
     assert s["tau"] == pytest.approx(2.0) and s["acceptance_rate"] == 1.0
     assert s["per_position_acceptance"] == [1.0]
     assert s["outlier_reps"] == 1 and s["peak_memory_bytes"] == 3 and s["base_peak_memory_bytes"] == 4
