@@ -46,3 +46,17 @@ def test_the_record_says_which_blas_was_chosen_and_why_beside_the_one_that_serve
     assert {"requested", "action", "library", "reason", "env_set", "tried"} <= set(sel) and sel["reason"]
     # The warning follows the library that really serves, whatever the selection says.
     assert (env["blas_warning"] is not None) == (env["backend"] == "cpu" and env["blas_kind"] == "reference")
+
+
+@pytest.mark.parametrize("user", [None, "1"])
+def test_float32_means_float32_unless_the_user_asks_for_tf32(user):
+    # TF32 would let a verify and a decode step round differently in float32 (the lossless proof).
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "MLX_ENABLE_TF32"}
+    if user is not None:
+        env["MLX_ENABLE_TF32"] = user
+    code = "import harness, os; from harness.env import environment; print(environment()['mlx_env']['MLX_ENABLE_TF32'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == (user or "0")
