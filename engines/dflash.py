@@ -32,23 +32,33 @@ from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
 from engines.base import Draft, DrafterError, Engine, register
-from engines.checkpoint import (check_tensors, qwen3_layer_types, read_config, read_tensors, refuse_unknown,
-                                rope_settings, write_checkpoint)
+from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, ROPE_FIELDS, SLIDING_FIELDS,
+                                Field, check_rope, check_tensors, attention_types, read_config, read_fields, read_tensors,
+                                refuse_unknown, refuse_unknown_fields, rope_settings, write_checkpoint)
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
 
 
-# Config fields that are bookkeeping (no effect on what the drafter computes), implemented
-# ones, and the DFlash2 fields (conv + candidate selector) this engine refuses.
-_METADATA = {"architectures", "model_type", "dtype", "torch_dtype", "transformers_version", "auto_map",
-             "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings", "use_cache", "initializer_range",
-             "attention_dropout", "num_target_layers", "vocab_size", "hidden_act", "attention_bias", "_name_or_path"}
-_FIELDS = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-           "intermediate_size", "rms_norm_eps", "max_position_embeddings", "block_size", "rope_theta", "rope_scaling",
-           "rope_parameters", "layer_types", "sliding_window", "use_sliding_window", "max_window_layers", "is_causal",
-           "final_logit_softcapping", "dflash_config", "target_layer_ids", "mask_token_id"}
-_NESTED = {"block_size", "target_layer_ids", "mask_token_id", "final_logit_softcapping", "input_embedding_scale",
-           "output_multiplier"}
+# Every config.json field this loader reads, with its type and range (engines/checkpoint.py);
+# fields that are bookkeeping pass (checkpoint.BOOKKEEPING, plus the two below), the DFlash2
+# fields (conv + candidate selector) are refused, and so is anything else.
+_METADATA = {"model_type", "tie_word_embeddings"}  # z-lab's layers are Qwen3's; the head is the target's
+_FIELDS = {"hidden_size": Field("int", ge=1, le=MAX_WIDTH), "num_hidden_layers": Field("int", ge=1, le=MAX_LAYERS),
+           "num_attention_heads": Field("int", ge=1, le=MAX_HEADS),
+           "num_key_value_heads": Field("int", ge=1, le=MAX_HEADS), "head_dim": Field("int", ge=1, le=MAX_WIDTH),
+           "intermediate_size": Field("int", ge=1, le=MAX_WIDTH), "rms_norm_eps": Field("number", gt=0, le=1),
+           "max_position_embeddings": Field("int", ge=1, le=MAX_POSITIONS),
+           "is_causal": Field("bool", None, null_ok=True),
+           "num_target_layers": Field("int", None, ge=1, le=MAX_LAYERS, null_ok=True),
+           "vocab_size": Field("int", None, ge=1, le=MAX_VOCAB, null_ok=True),
+           "hidden_act": Field("str", "silu"), "attention_bias": Field("bool", False, null_ok=True),
+           "dflash_config": Field("dict", {}, null_ok=True), **SLIDING_FIELDS}
+# Read from dflash_config first, then the top level (z-lab's own precedence).
+_NESTED = {"block_size": Field("int", None, ge=2, le=1024, null_ok=True),
+           "target_layer_ids": Field("ints", None, ge=0, le=MAX_LAYERS, null_ok=True),
+           "mask_token_id": Field("int", None, ge=0, le=MAX_VOCAB, null_ok=True),
+           "final_logit_softcapping": Field("number", None, gt=0, null_ok=True)}
+_NESTED_ONLY = {"input_embedding_scale": Field("number", 1.0), "output_multiplier": Field("number", 1.0)}
 _DFLASH2 = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
@@ -83,39 +93,40 @@ class DFlashConfig:
     def from_json(cls, cfg: dict, where: str) -> "DFlashConfig":
         """Both z-lab schemas: the older one (block_size, rope_theta at the top) and the newer
         one (dflash_config.block_size, rope_parameters, layer_types with sliding windows), read
-        with the precedence of z-lab's own loaders (dflash_config first, then the top level)."""
-        dflash = cfg.get("dflash_config") or {}
-        if "DFlash2DraftModel" in (cfg.get("architectures") or []) or any(dflash.get(k) for k in _DFLASH2):
+        with the precedence of z-lab's own loaders (dflash_config first, then the top level).
+        Every field read is type- and range-checked: DrafterError names the file and the field."""
+        dflash = read_fields(cfg, {"dflash_config": _FIELDS["dflash_config"]}, where)["dflash_config"]
+        archs = cfg.get("architectures") if isinstance(cfg.get("architectures"), list) else []
+        if "DFlash2DraftModel" in archs or any(dflash.get(k) for k in _DFLASH2):
             raise DrafterError(f"{where}: a DFlash2 drafter (grouped dynamic convolutions + candidate selector) is "
                                "not implemented by this engine; method=dflash_zlab runs z-lab's reference on it")
-        fix = "remove it if it is bookkeeping, or use a drafter in a layout this harness implements"
-        refuse_unknown(cfg, _FIELDS | _METADATA, "config field(s)", where, fix)
-        refuse_unknown(dflash, _NESTED | set(_DFLASH2), "dflash_config field(s)", where, fix)
-        if cfg.get("attention_bias"):
-            raise DrafterError(f"{where}: attention_bias=true is not implemented (z-lab drafters have no biases)")
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise DrafterError(f"{where}: hidden_act={cfg['hidden_act']!r} is not implemented (DFlash MLPs are SwiGLU)")
-        pick = lambda k, default=None: dflash.get(k, cfg.get(k, default))
+        refuse_unknown_fields(cfg, {*_FIELDS, *_NESTED, *ROPE_FIELDS, *_METADATA}, where)
+        refuse_unknown_fields(dflash, {*_NESTED, *_NESTED_ONLY, *_DFLASH2}, where, prefix="dflash_config.")
         missing = [k for k in cls.REQUIRED if k not in cfg] + [f"dflash_config.{k}" for k in ("target_layer_ids",
                                                                                            "mask_token_id")
-                                                               if pick(k) is None]
+                                                               if dflash.get(k) is None and cfg.get(k) is None]
         if missing:
             raise DrafterError(f"{where}: missing {', '.join(missing)} (a z-lab DFlash config.json has them)")
-        n = cfg["num_hidden_layers"]
-        layer_types = tuple(cfg.get("layer_types") or qwen3_layer_types(cfg, n))
-        if len(layer_types) != n or set(layer_types) - {"full_attention", "sliding_attention"}:
-            raise DrafterError(f"{where}: layer_types must list full_attention/sliding_attention once per layer")
-        if "sliding_attention" in layer_types and not cfg.get("sliding_window"):
-            raise DrafterError(f"{where}: sliding_attention layers need sliding_window")
-        theta, scaling = rope_settings(cfg)
-        return cls(**{k: cfg[k] for k in cls.REQUIRED}, block_size=int(pick("block_size", 16)),
-                   target_layer_ids=tuple(pick("target_layer_ids")), mask_token_id=int(pick("mask_token_id")),
-                   rope_theta=theta, rope_scaling=scaling, layer_types=layer_types,
-                   sliding_window=cfg.get("sliding_window") if "sliding_attention" in layer_types else None,
-                   is_causal=cfg.get("is_causal"), num_target_layers=cfg.get("num_target_layers"),
-                   vocab_size=cfg.get("vocab_size"), final_logit_softcapping=pick("final_logit_softcapping"),
-                   input_embedding_scale=float(dflash.get("input_embedding_scale", 1.0)),
-                   output_multiplier=float(dflash.get("output_multiplier", 1.0)))
+        top, nested = read_fields(cfg, {**_FIELDS, **_NESTED}, where), read_fields(dflash, _NESTED, where, "dflash_config.")
+        pick = lambda k, default=None: next((v for v in (nested[k], top[k]) if v is not None), default)
+        if top["attention_bias"]:
+            raise DrafterError(f"{where}: attention_bias=true is not implemented (z-lab drafters have no biases)")
+        if top["hidden_act"] != "silu":
+            raise DrafterError(f"{where}: hidden_act={top['hidden_act']!r} is not implemented (DFlash MLPs are SwiGLU)")
+        n = top["num_hidden_layers"]
+        types = attention_types(top, n, where)
+        theta, scaling = rope_settings(cfg, where)
+        check_rope(theta, scaling, top["head_dim"], top["max_position_embeddings"], where,
+                   "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling")
+        scales = read_fields(dflash, _NESTED_ONLY, where, "dflash_config.")
+        return cls(**{k: top[k] for k in cls.REQUIRED}, block_size=pick("block_size", 16),
+                   target_layer_ids=pick("target_layer_ids"), mask_token_id=pick("mask_token_id"),
+                   rope_theta=theta, rope_scaling=scaling, layer_types=types,
+                   sliding_window=top["sliding_window"] if "sliding_attention" in types else None,
+                   is_causal=top["is_causal"], num_target_layers=top["num_target_layers"],
+                   vocab_size=top["vocab_size"], final_logit_softcapping=pick("final_logit_softcapping"),
+                   input_embedding_scale=scales["input_embedding_scale"],
+                   output_multiplier=scales["output_multiplier"])
 
     def causal(self, layer: int) -> bool:
         """Whether layer `layer` attends causally inside the block (z-lab's rule and its training masks)."""
@@ -288,28 +299,31 @@ def save_drafter(drafter: DFlashDrafter, path: Path, dtype=mx.bfloat16) -> None:
 
 
 def load_drafter(path: Path, target_model: nn.Module) -> DFlashDrafter:
-    """Load and validate a z-lab DFlash drafter for `target_model`; raises DrafterError."""
+    """Load and validate a z-lab DFlash drafter for `target_model`; DrafterError naming the file."""
     path = Path(path)
-    cfg = DFlashConfig.from_json(read_config(path, "a DFlash drafter"), str(path / "config.json"))
+    where = path / "config.json"
+    cfg = DFlashConfig.from_json(read_config(path, "a DFlash drafter"), str(where))
     n_target, h_target = num_layers(target_model), hidden_size(target_model)
     vocab = vocab_size(target_model)
     bad = [i for i in cfg.target_layer_ids if not 0 <= i < n_target]
     if bad or not cfg.target_layer_ids:
-        raise DrafterError(f"dflash_config.target_layer_ids {list(cfg.target_layer_ids)} must be within the "
+        raise DrafterError(f"{where}: dflash_config.target_layer_ids {list(cfg.target_layer_ids)} must be within the "
                            f"target's {n_target} layers (0..{n_target - 1})")
     if cfg.hidden_size != h_target:
-        raise DrafterError(f"drafter hidden_size {cfg.hidden_size} != target hidden size {h_target}: "
+        raise DrafterError(f"{where}: drafter hidden_size {cfg.hidden_size} != target hidden size {h_target}: "
                            "this drafter was trained for another target")
     if not 0 <= cfg.mask_token_id < vocab:
-        raise DrafterError(f"dflash_config.mask_token_id {cfg.mask_token_id} is outside the target vocab (0..{vocab - 1})")
-    if cfg.block_size < 2:
-        raise DrafterError(f"block_size {cfg.block_size} must be >= 2")
+        raise DrafterError(f"{where}: dflash_config.mask_token_id {cfg.mask_token_id} is outside the target vocab "
+                           f"(0..{vocab - 1})")
     weights = read_tensors(path, lambda k: k.removeprefix("model."))
     drafter = DFlashDrafter(cfg)
     expected = {k: tuple(v.shape) for k, v in tree_flatten(drafter.parameters())}  # every z-lab tensor
     check_tensors(weights, expected, "drafter", path)
-    # a copy of the target's embedding or head is redundant (the drafter uses the target's own)
-    refuse_unknown(weights, {*expected, "embed_tokens.weight", "lm_head.weight"}, "tensor(s)", path,
+    # a copy of the target's embedding or head is redundant (the drafter uses the target's own),
+    # but it must still be the target's shape: anything else is a damaged or foreign checkpoint
+    copies = {k: (vocab, h_target) for k in ("embed_tokens.weight", "lm_head.weight") if k in weights}
+    check_tensors(weights, copies, "drafter", path)
+    refuse_unknown(weights, {*expected, *copies}, "tensor(s)", path,
                    "this drafter has parts the engine would not run; use a z-lab DFlash checkpoint")
     drafter.load_weights([(k, weights[k]) for k in expected])
     drafter.set_dtype(activation_dtype(target_model))

@@ -51,22 +51,35 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from engines.base import Draft, DrafterError, Engine, register
 from engines.cache import trim_attention
-from engines.checkpoint import (check_tensors, qwen3_layer_types, read_config, read_tensors, refuse_unknown,
-                                rope_settings, write_checkpoint)
+from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, ROPE_FIELDS, SLIDING_FIELDS,
+                                Field, attention_types, check_rope, check_tensors, read_config, read_fields,
+                                read_tensors, refuse_unknown, refuse_unknown_fields, rope_settings, write_checkpoint)
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
 
 LAYER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "rms_norm_eps",
               "max_position_embeddings", "vocab_size")
-# Config fields with no effect on what the drafter computes.
-_METADATA = {"architectures", "model_type", "dtype", "torch_dtype", "transformers_version", "auto_map", "_name_or_path",
-             "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings", "use_cache", "initializer_range",
-             "attention_dropout", "pretraining_tp", "hidden_act", "speculators_model_type", "speculators_version",
-             "speculators_config", "embed_requires_grad", "max_window_layers", "use_sliding_window", "bias"}
-_LAYER_FIELDS = {*LAYER_KEYS, "num_hidden_layers", "head_dim", "rope_theta", "rope_scaling", "rope_parameters",
-                 "attention_bias", "mlp_bias", "sliding_window", "layer_types"}
-_TOP_FIELDS = {"transformer_layer_config", "draft_vocab_size", "target_hidden_size", "norm_before_residual",
-               "eagle_aux_hidden_state_layer_ids", "norm_before_fc", "fc_norm", "norm_output"}
+# Every config.json field this loader reads, with its type and range (engines/checkpoint.py);
+# bookkeeping passes (checkpoint.BOOKKEEPING, plus the few below), anything else is refused.
+_METADATA = {"tie_word_embeddings", "embed_requires_grad", "bias"}  # the head is a tensor or the target's; training flags
+_LAYER_FIELDS = {"hidden_size": Field("int", ge=1, le=MAX_WIDTH), "num_attention_heads": Field("int", ge=1, le=MAX_HEADS),
+                 "num_key_value_heads": Field("int", ge=1, le=MAX_HEADS),
+                 "intermediate_size": Field("int", ge=1, le=MAX_WIDTH), "rms_norm_eps": Field("number", gt=0, le=1),
+                 "max_position_embeddings": Field("int", ge=1, le=MAX_POSITIONS),
+                 "vocab_size": Field("int", ge=1, le=MAX_VOCAB),
+                 "num_hidden_layers": Field("int", 1, ge=1, le=MAX_LAYERS, null_ok=True),
+                 "head_dim": Field("int", None, ge=1, le=MAX_WIDTH, null_ok=True),
+                 "attention_bias": Field("bool", False, null_ok=True), "mlp_bias": Field("bool", False, null_ok=True),
+                 "model_type": Field("str", None, null_ok=True), "hidden_act": Field("str", "silu"),
+                 **SLIDING_FIELDS}
+_TOP_FIELDS = {"transformer_layer_config": Field("dict"),
+               "draft_vocab_size": Field("int", None, ge=1, le=MAX_VOCAB, null_ok=True),
+               "target_hidden_size": Field("int", None, ge=1, le=MAX_WIDTH, null_ok=True),
+               "norm_before_residual": Field("bool", None, null_ok=True),
+               "eagle_aux_hidden_state_layer_ids": Field("ints", None, ge=0, le=MAX_LAYERS, null_ok=True),
+               "norm_before_fc": Field("bool", False, null_ok=True), "fc_norm": Field("bool", False, null_ok=True),
+               "norm_output": Field("bool", False, null_ok=True),
+               "speculators_model_type": Field("str", None, choices=("eagle3",), null_ok=True)}
 
 
 @dataclass
@@ -98,41 +111,49 @@ class Eagle3Config:
 
     @classmethod
     def from_json(cls, cfg: dict, where: str) -> "Eagle3Config":
+        """The speculators layout (top-level fields + transformer_layer_config) or SafeAILab's (one
+        flat Llama-style config). Every field read is type- and range-checked: DrafterError names
+        the file and the field."""
         layout = "speculators" if "transformer_layer_config" in cfg else "eagle"
-        layer = cfg.get("transformer_layer_config", cfg)
-        fix = "remove it if it is bookkeeping, or use a drafter in a layout this harness implements"
+        top_fields = {k: f for k, f in _TOP_FIELDS.items() if k != "transformer_layer_config"}
         if layout == "speculators":
-            refuse_unknown(cfg, _TOP_FIELDS | _METADATA, "config field(s)", where, fix)
-            refuse_unknown(layer, _LAYER_FIELDS | _METADATA, "transformer_layer_config field(s)", where, fix)
+            layer, pre = read_fields(cfg, {"transformer_layer_config": _TOP_FIELDS["transformer_layer_config"]},
+                                     where)["transformer_layer_config"], "transformer_layer_config."
+            refuse_unknown_fields(cfg, {*_TOP_FIELDS, *_METADATA, "model_type"}, where)
+            refuse_unknown_fields(layer, {*_LAYER_FIELDS, *ROPE_FIELDS, *_METADATA}, where, prefix=pre)
         else:
-            refuse_unknown(cfg, _LAYER_FIELDS | _TOP_FIELDS | _METADATA, "config field(s)", where, fix)
-        missing = [k for k in LAYER_KEYS if k not in layer]
+            layer, pre = cfg, ""
+            refuse_unknown_fields(cfg, {*_LAYER_FIELDS, *ROPE_FIELDS, *top_fields, *_METADATA}, where)
+        missing = [pre + k for k in LAYER_KEYS if k not in layer]
         if missing:
             raise DrafterError(f"{where}: missing {', '.join(missing)} (an EAGLE-3 config has them)")
-        if layer.get("hidden_act", "silu") != "silu":
-            raise DrafterError(f"{where}: hidden_act={layer['hidden_act']!r} is not implemented (EAGLE-3 MLPs are SwiGLU)")
-        if cfg.get("norm_before_fc") and cfg.get("fc_norm"):
+        top, lay = read_fields(cfg, top_fields, where), read_fields(layer, _LAYER_FIELDS, where, pre)
+        if lay["hidden_act"] != "silu":
+            raise DrafterError(f"{where}: hidden_act={lay['hidden_act']!r} is not implemented (EAGLE-3 MLPs are SwiGLU)")
+        if top["norm_before_fc"] and top["fc_norm"]:
             raise DrafterError(f"{where}: norm_before_fc and fc_norm exclude each other")
-        h, n = layer["hidden_size"], layer.get("num_hidden_layers", 1)
-        types = tuple(layer.get("layer_types") or qwen3_layer_types(layer, n))
-        if len(types) != n or set(types) - {"full_attention", "sliding_attention"}:
-            raise DrafterError(f"{where}: layer_types must list full_attention/sliding_attention once per layer")
-        theta, scaling = rope_settings(layer)
-        aux = cfg.get("eagle_aux_hidden_state_layer_ids")
-        model_type = layer.get("model_type")
-        return cls(**{k: layer[k] for k in LAYER_KEYS},
-                   draft_vocab_size=cfg.get("draft_vocab_size") or layer["vocab_size"],
-                   target_hidden_size=cfg.get("target_hidden_size") or h,
-                   head_dim=layer.get("head_dim") or h // layer["num_attention_heads"], num_hidden_layers=n,
+        h, n = lay["hidden_size"], lay["num_hidden_layers"]
+        head_dim = lay["head_dim"] or h // lay["num_attention_heads"]
+        if head_dim < 1:
+            raise DrafterError(f"{where}: field '{pre}num_attention_heads' ({lay['num_attention_heads']}) exceeds "
+                               f"'{pre}hidden_size' ({h}) and there is no '{pre}head_dim'")
+        types = attention_types(lay, n, where, pre)
+        theta, scaling = rope_settings(layer, where, pre)
+        check_rope(theta, scaling, head_dim, lay["max_position_embeddings"], where,
+                   pre + ("rope_parameters" if layer.get("rope_parameters") else "rope_scaling"))
+        aux = top["eagle_aux_hidden_state_layer_ids"]
+        norm_before_residual = top["norm_before_residual"]
+        return cls(**{k: lay[k] for k in LAYER_KEYS},
+                   draft_vocab_size=top["draft_vocab_size"] or lay["vocab_size"],
+                   target_hidden_size=top["target_hidden_size"] or h, head_dim=head_dim, num_hidden_layers=n,
                    rope_theta=theta, rope_scaling=scaling,
                    # absent: true for speculators checkpoints (as vLLM reads them), false for SafeAILab's
-                   norm_before_residual=bool(cfg.get("norm_before_residual", layout == "speculators")),
-                   norm_before_fc=bool(cfg.get("norm_before_fc")), fc_norm=bool(cfg.get("fc_norm")),
-                   norm_output=bool(cfg.get("norm_output")),
-                   qk_norm={"qwen3": True, "llama": False}.get(model_type), attention_bias=bool(layer.get("attention_bias")),
-                   mlp_bias=bool(layer.get("mlp_bias")), layer_types=types,
-                   sliding_window=layer.get("sliding_window") if "sliding_attention" in types else None,
-                   aux_layer_ids=tuple(aux) if aux else None, layout=layout)
+                   norm_before_residual=layout == "speculators" if norm_before_residual is None else norm_before_residual,
+                   norm_before_fc=top["norm_before_fc"], fc_norm=top["fc_norm"], norm_output=top["norm_output"],
+                   qk_norm={"qwen3": True, "llama": False}.get(lay["model_type"]), attention_bias=lay["attention_bias"],
+                   mlp_bias=lay["mlp_bias"], layer_types=types,
+                   sliding_window=lay["sliding_window"] if "sliding_attention" in types else None,
+                   aux_layer_ids=aux or None, layout=layout)
 
     def to_json(self) -> dict:
         layer = {k: getattr(self, k) for k in LAYER_KEYS}
@@ -308,10 +329,11 @@ def _rename(k: str) -> str:
 def load_eagle3(path: Path, target: nn.Module) -> Eagle3Drafter:
     """Load and validate an EAGLE-3 drafter (speculators or SafeAILab layout); DrafterError on any mismatch."""
     path = Path(path)
-    c = Eagle3Config.from_json(read_config(path, "an EAGLE-3 drafter"), str(path / "config.json"))
+    where = path / "config.json"
+    c = Eagle3Config.from_json(read_config(path, "an EAGLE-3 drafter"), str(where))
     n, h, vocab = num_layers(target), hidden_size(target), vocab_size(target)
     weights = read_tensors(path, _rename)
-    _check_shapes(c, weights, n, h, vocab, path)
+    _check_shapes(c, weights, n, h, vocab, where)
     if c.qk_norm is None:  # no model_type: Qwen3-type layers carry q/k norms
         c.qk_norm = "layers.0.self_attn.q_norm.weight" in weights
     own_head = "lm_head.weight" in weights
@@ -321,6 +343,8 @@ def load_eagle3(path: Path, target: nn.Module) -> Eagle3Drafter:
     drafter = Eagle3Drafter(c, own_embedding="embed_tokens.weight" in weights, own_head=own_head)
     expected = {k: tuple(v.shape) for k, v in tree_flatten(drafter.parameters()) if k != "d2t"}
     check_tensors(weights, expected, "EAGLE-3", path)
+    if "t2d" in weights and tuple(weights["t2d"].shape) != (vocab,):  # unused (d2t maps), but a damaged one is damage
+        raise DrafterError(f"{path}: t2d has shape {tuple(weights['t2d'].shape)}, the target vocabulary is {vocab}")
     refuse_unknown(weights, {*expected, "d2t", "t2d"}, "tensor(s)", path,
                    "this drafter has parts the engine would not run; use an EAGLE-3 checkpoint in a supported layout")
     d2t = _draft_to_target(c, weights, vocab, path)
@@ -331,26 +355,26 @@ def load_eagle3(path: Path, target: nn.Module) -> Eagle3Drafter:
     return drafter
 
 
-def _check_shapes(c: Eagle3Config, weights: dict, n: int, h: int, vocab: int, path: Path) -> None:
+def _check_shapes(c: Eagle3Config, weights: dict, n: int, h: int, vocab: int, where: Path) -> None:
     if c.aux_layer_ids is None:
         c.aux_layer_ids = default_aux_layers(n)
     ids = c.aux_layer_ids
     if len(set(ids)) != len(ids) or not all(1 <= i <= n for i in ids):
-        raise DrafterError(f"eagle_aux_hidden_state_layer_ids {list(ids)} must be distinct layer ids in 1..{n} "
+        raise DrafterError(f"{where}: eagle_aux_hidden_state_layer_ids {list(ids)} must be distinct layer ids in 1..{n} "
                            "(layer i's input = the output of layer i-1)")
     c.aux_layer_ids = tuple(sorted(ids))  # features are concatenated in layer order
     if c.target_hidden_size != h:
-        raise DrafterError(f"target_hidden_size {c.target_hidden_size} != target hidden size {h}")
+        raise DrafterError(f"{where}: target_hidden_size {c.target_hidden_size} != target hidden size {h}")
     fc = weights.get("fc.weight")
     if fc is not None and fc.shape[-1] != len(ids) * c.target_hidden_size:
-        raise DrafterError(f"fc.weight takes {fc.shape[-1]} inputs, but {len(ids)} aux layers x target hidden "
+        raise DrafterError(f"{where}: fc.weight takes {fc.shape[-1]} inputs, but {len(ids)} aux layers x target hidden "
                            f"{c.target_hidden_size} = {len(ids) * c.target_hidden_size}: set "
                            "eagle_aux_hidden_state_layer_ids to the layers this drafter was trained on")
     if c.hidden_size != h and "embed_tokens.weight" not in weights:
-        raise DrafterError(f"drafter hidden_size {c.hidden_size} != target hidden size {h} and the checkpoint has no "
+        raise DrafterError(f"{where}: drafter hidden_size {c.hidden_size} != target hidden size {h} and the checkpoint has no "
                            "embed_tokens of its own to embed tokens with")
     if c.vocab_size != vocab:
-        raise DrafterError(f"drafter vocab_size {c.vocab_size} != target vocab size {vocab}")
+        raise DrafterError(f"{where}: drafter vocab_size {c.vocab_size} != target vocab size {vocab}")
 
 
 def _draft_to_target(c: Eagle3Config, weights: dict, vocab: int, path: Path) -> mx.array:
@@ -360,12 +384,14 @@ def _draft_to_target(c: Eagle3Config, weights: dict, vocab: int, path: Path) -> 
             raise DrafterError(f"d2t is missing from {path}: needed to map a {c.draft_vocab_size}-token draft "
                                f"vocabulary onto the target's {vocab}")
         return mx.zeros((c.draft_vocab_size,), dtype=mx.int64)
+    if not mx.issubdtype(weights["d2t"].dtype, mx.integer):
+        raise DrafterError(f"{path}: d2t is {str(weights['d2t'].dtype).split('.')[-1]}, not integer offsets")
     d2t = weights["d2t"].astype(mx.int64)
     if d2t.shape != (c.draft_vocab_size,):
-        raise DrafterError(f"d2t has shape {tuple(d2t.shape)}, the draft vocabulary is {c.draft_vocab_size}")
+        raise DrafterError(f"{path}: d2t has shape {tuple(d2t.shape)}, the draft vocabulary is {c.draft_vocab_size}")
     targets = mx.arange(c.draft_vocab_size) + d2t
     if mx.any((targets < 0) | (targets >= vocab)).item():
-        raise DrafterError(f"d2t maps draft ids outside the target vocab (0..{vocab - 1})")
+        raise DrafterError(f"{path}: d2t maps draft ids outside the target vocab (0..{vocab - 1})")
     return d2t
 
 

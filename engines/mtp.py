@@ -35,7 +35,7 @@ from mlx_lm.models.cache import KVCache
 
 from engines.base import Draft, DrafterError, Engine, Unsupported, register
 from engines.cache import trim_attention
-from engines.checkpoint import check_tensors
+from engines.checkpoint import check_tensors, load_safetensors
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, decoder, embed, final_norm, lm_head, num_layers, text_model
 
@@ -76,7 +76,7 @@ def _checkpoint_tensors(path: Path) -> tuple[dict, bool]:
     """The mtp.* tensors of a checkpoint (prefix stripped) and whether it is in HF form."""
     mtp, hf_form = {}, False
     for f in sorted(path.glob("*.safetensors")):
-        for k, v in mx.load(str(f)).items():
+        for k, v in load_safetensors(f).items():  # DrafterError naming a damaged file
             name = k.split("mtp.", 1)[1] if (k.startswith("mtp.") or ".mtp." in k) else None
             if name is not None:
                 mtp[name] = v

@@ -7,6 +7,13 @@ holding one (converted once into an mlx-lm checkpoint, harness/gguf_import.py), 
 local directory: a checkpoint dir with config.json + *.safetensors + tokenizer
 files, or a Hugging Face cache repo dir (models--org--name), whose newest snapshot
 is used. Nothing is fetched from a hub: a missing path is an error, never a download.
+
+Two errors, two outcomes in a run (harness/run.py): a spec that names nothing loadable
+(no such path, no config.json, no weights) is a ConfigError, raised by resolve_model before
+any record; a checkpoint whose files are there but damaged (config.json not JSON or with a
+mistyped or absurd shape field, an unreadable safetensors header, tensors mlx-lm refuses) is
+a TargetError from load_target, naming the file: the cell is recorded as `error` with that
+reason (never `ok`) and a sweep goes on to its next cell.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, Field, load_safetensors,
+                                read_fields, read_json)
 from harness.config import ConfigError
 from harness import fixtures, packaged
 from harness.packaged import Packaged
@@ -104,19 +113,80 @@ def resolve_model(spec: str, dtype: str = "native", gguf_dequantize: bool = True
     return path
 
 
+class TargetError(ValueError):
+    """A target checkpoint's files cannot be loaded; the message names the file and what is wrong."""
+
+
+_size = lambda hi, null_ok=False: Field("int", None, ge=1, le=hi, null_ok=null_ok)
+_count = lambda hi: Field("int", None, ge=0, le=hi, null_ok=True)
+_sizes = lambda hi: Field("dims", None, ge=1, le=hi, null_ok=True)  # one per model, or one per layer
+# The config.json fields mlx-lm's ModelArgs read that set the shapes of a target (at the top
+# level, and in text_config where a multimodal config nests them): each is type- and
+# range-checked where present, before mlx-lm builds anything from it. Whether one is required
+# is each model's business (mlx-lm refuses a missing one, wrapped into a TargetError).
+TARGET_FIELDS = {
+    "model_type": Field("str", None), "hidden_size": _size(MAX_WIDTH), "num_hidden_layers": _size(MAX_LAYERS),
+    "num_attention_heads": _sizes(MAX_HEADS), "num_key_value_heads": _sizes(MAX_HEADS),
+    "intermediate_size": _sizes(MAX_WIDTH), "vocab_size": _size(MAX_VOCAB), "head_dim": _size(MAX_WIDTH, True),
+    "global_head_dim": _size(MAX_WIDTH, True), "rms_norm_eps": Field("number", None, gt=0, le=1),
+    "max_position_embeddings": _size(MAX_POSITIONS, True), "rope_theta": Field("number", None, gt=0),
+    "rope_scaling": Field("dict", None, null_ok=True), "rope_parameters": Field("dict", None, null_ok=True),
+    "sliding_window": _size(MAX_POSITIONS, True), "layer_types": Field("strs", None, null_ok=True),
+    "tie_word_embeddings": Field("bool", None), "final_logit_softcapping": Field("number", None, gt=0, null_ok=True),
+    "num_experts": _size(MAX_WIDTH, True), "num_local_experts": _size(MAX_WIDTH, True),
+    "num_experts_per_tok": _size(MAX_WIDTH, True), "top_k_experts": _size(MAX_WIDTH, True),
+    "moe_intermediate_size": _size(MAX_WIDTH, True), "full_attention_interval": _size(MAX_LAYERS, True),
+    "linear_num_value_heads": _size(MAX_HEADS, True), "linear_num_key_heads": _size(MAX_HEADS, True),
+    "linear_key_head_dim": _size(MAX_WIDTH, True), "linear_value_head_dim": _size(MAX_WIDTH, True),
+    "linear_conv_kernel_dim": _size(MAX_WIDTH, True), "num_kv_shared_layers": _count(MAX_LAYERS),
+    "hidden_size_per_layer_input": _count(MAX_WIDTH), "vocab_size_per_layer_input": _count(MAX_VOCAB),
+    "text_config": Field("dict", None, null_ok=True), "quantization": Field("dict", None, null_ok=True),
+}
+QUANTIZATION_FIELDS = {"group_size": _size(MAX_WIDTH), "bits": Field("int", None, ge=1, le=16),
+                       "mode": Field("str", None)}
+
+
+def check_target_config(ckpt: Path) -> dict:
+    """The config.json of a target checkpoint with its shape fields checked (TARGET_FIELDS);
+    TargetError naming the file and the field otherwise."""
+    file = Path(ckpt) / "config.json"
+    cfg = read_json(file, TargetError)
+    read_fields(cfg, TARGET_FIELDS, file, error=TargetError)
+    for key, fields in (("text_config", TARGET_FIELDS), ("quantization", QUANTIZATION_FIELDS)):
+        if isinstance(cfg.get(key), dict):
+            read_fields(cfg[key], fields, file, f"{key}.", TargetError)
+    return cfg
+
+
+def read_target(ckpt: Path):
+    """mlx_lm.load of `ckpt` after its config and every safetensors header are checked; any
+    failure is a TargetError naming the file (or the checkpoint, where mlx-lm does not say)."""
+    import mlx_lm
+
+    ckpt = Path(ckpt)
+    check_target_config(ckpt)
+    for f in sorted(ckpt.glob("*.safetensors")):
+        load_safetensors(f, TargetError)  # headers only: the arrays are lazy, mlx-lm reads them again
+    try:
+        return mlx_lm.load(str(ckpt))
+    except Exception as e:  # noqa: BLE001 -- whatever mlx-lm refuses, the record names the checkpoint
+        detail = " ".join(str(e).split())[:300]
+        raise TargetError(f"{ckpt}: mlx-lm cannot load this checkpoint ({type(e).__name__}: {detail})") from e
+
+
 _LOADED: dict[tuple[str, str], tuple] = {}
 
 
 def load_target(ckpt: Path, dtype: str):
     """(model, tokenizer) of the checkpoint directory `ckpt` (resolve_model's answer) in
-    `dtype`; cached per process so a sweep loads each checkpoint once."""
+    `dtype`; cached per process so a sweep loads each checkpoint once. TargetError (naming
+    the file) when the checkpoint is damaged."""
     import mlx.core as mx
-    import mlx_lm
 
     key = (str(ckpt), dtype)
     if key not in _LOADED:
         _LOADED.clear()  # keep one model resident: sweeps run arch by arch
-        model, tokenizer = mlx_lm.load(str(ckpt))
+        model, tokenizer = read_target(ckpt)
         if dtype != "native":
             cast_model(model, getattr(mx, dtype))
         _LOADED[key] = (model, tokenizer)
