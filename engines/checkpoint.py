@@ -154,7 +154,7 @@ def shown(value) -> str:
 def read_fields(cfg: dict, fields: dict[str, Field], where, prefix: str = "", error=DrafterError) -> dict:
     """{name: value} for every field in `fields`: checked against its Field, the default where
     absent (or null, where null is allowed); `error` "<where>: field '<prefix><name>' must be
-    <what>, got <value>" for the first that is not. ints/strs come back as tuples."""
+    <what>, got <value>" for the first that is not. Lists come back as tuples."""
     out = {}
     for name, f in fields.items():
         v = cfg.get(name, REQUIRED)
@@ -165,7 +165,7 @@ def read_fields(cfg: dict, fields: dict[str, Field], where, prefix: str = "", er
             continue
         if not _fits(f, v):
             raise error(f"{where}: field '{prefix}{name}' must be {f.describe()}, got {shown(v)}")
-        out[name] = (float(v) if f.kind == "number" else tuple(v) if f.kind in ("ints", "strs") else v)
+        out[name] = float(v) if f.kind == "number" else tuple(v) if isinstance(v, list) else v
     return out
 
 

@@ -119,14 +119,15 @@ class TargetError(ValueError):
 
 _size = lambda hi, null_ok=False: Field("int", None, ge=1, le=hi, null_ok=null_ok)
 _count = lambda hi: Field("int", None, ge=0, le=hi, null_ok=True)
-_sizes = lambda hi: Field("dims", None, ge=1, le=hi, null_ok=True)  # one per model, or one per layer
+_sizes = lambda hi, null_ok=False: Field("dims", None, ge=1, le=hi, null_ok=null_ok)  # one, or one per layer
 # The config.json fields mlx-lm's ModelArgs read that set the shapes of a target (at the top
 # level, and in text_config where a multimodal config nests them): each is type- and
-# range-checked where present, before mlx-lm builds anything from it. Whether one is required
-# is each model's business (mlx-lm refuses a missing one, wrapped into a TargetError).
+# range-checked where present, before mlx-lm builds anything from it. Beyond model_type (how
+# mlx-lm picks the model), which are required is each model's business: mlx-lm refuses a
+# missing one, wrapped into a TargetError naming the checkpoint.
 TARGET_FIELDS = {
-    "model_type": Field("str", None), "hidden_size": _size(MAX_WIDTH), "num_hidden_layers": _size(MAX_LAYERS),
-    "num_attention_heads": _sizes(MAX_HEADS), "num_key_value_heads": _sizes(MAX_HEADS),
+    "model_type": Field("str"), "hidden_size": _size(MAX_WIDTH), "num_hidden_layers": _size(MAX_LAYERS),
+    "num_attention_heads": _sizes(MAX_HEADS), "num_key_value_heads": _sizes(MAX_HEADS, True),
     "intermediate_size": _sizes(MAX_WIDTH), "vocab_size": _size(MAX_VOCAB), "head_dim": _size(MAX_WIDTH, True),
     "global_head_dim": _size(MAX_WIDTH, True), "rms_norm_eps": Field("number", None, gt=0, le=1),
     "max_position_embeddings": _size(MAX_POSITIONS, True), "rope_theta": Field("number", None, gt=0),
@@ -151,10 +152,17 @@ def check_target_config(ckpt: Path) -> dict:
     TargetError naming the file and the field otherwise."""
     file = Path(ckpt) / "config.json"
     cfg = read_json(file, TargetError)
-    read_fields(cfg, TARGET_FIELDS, file, error=TargetError)
-    for key, fields in (("text_config", TARGET_FIELDS), ("quantization", QUANTIZATION_FIELDS)):
-        if isinstance(cfg.get(key), dict):
-            read_fields(cfg[key], fields, file, f"{key}.", TargetError)
+    nested = {**TARGET_FIELDS, "model_type": Field("str", None)}  # a text_config may leave it to the top level
+    for section, prefix, fields in ((cfg, "", TARGET_FIELDS), (cfg.get("text_config"), "text_config.", nested)):
+        if isinstance(section, dict):
+            f = read_fields(section, fields, file, prefix, TargetError)
+            for name, value in f.items():  # a per-layer list has one entry per layer
+                if isinstance(value, tuple) and fields[name].kind == "dims" and f["num_hidden_layers"] \
+                        and len(value) != f["num_hidden_layers"]:
+                    raise TargetError(f"{file}: field '{prefix}{name}' lists {len(value)} values for "
+                                      f"{f['num_hidden_layers']} layers")
+    if isinstance(cfg.get("quantization"), dict):
+        read_fields(cfg["quantization"], QUANTIZATION_FIELDS, file, "quantization.", TargetError)
     return cfg
 
 
