@@ -1,7 +1,9 @@
 """`python -m harness [overrides]`: run one cell, or a sweep with +sweep=<name>.
 
 Overrides are checked against the config groups and the schema before Hydra runs,
-so a typo gets one line naming the problem and the valid choices (exit 2).
+and the config is composed once (types, grammar, out_dir) before any job starts, so a typo
+or an unusable out_dir gets one line naming the problem and the fix (exit 2) instead of
+Hydra's traceback. Exit codes: harness/run.py EXIT_CODES (README "Exit codes").
 """
 
 from __future__ import annotations
@@ -61,11 +63,61 @@ def _search_dirs(overrides) -> list:
     return []
 
 
+def preflight(args: list[str]) -> None:
+    """Compose the config as the first job would (a sweep's first value per axis) and check
+    out_dir can be written: ConfigError with Hydra's first line and the key it names."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
+    except Exception as e:  # noqa: BLE001 -- Hydra's grammar errors: keep their first line
+        raise ConfigError(f"cannot parse the overrides: {_first_line(e)} (grammar: "
+                          "https://hydra.cc/docs/advanced/override_grammar/basic/)") from None
+    first = [o.input_line if not o.is_sweep_override() else
+             f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" for o in parsed]
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = compose(config_name="config", overrides=first, return_hydra_config=True)
+    except Exception as e:  # noqa: BLE001 -- composition errors (types, missing options): one line each
+        cause = e.__cause__ or e
+        key = getattr(cause, "full_key", None)
+        raise ConfigError(f"{key + ': ' if key else ''}{_first_line(cause)}") from None
+    dirs = {"out_dir": str(cfg.out_dir)}
+    for key in ("run", "sweep"):  # Hydra makes these before any job (both default to out_dir)
+        try:
+            dirs[f"hydra.{key}.dir"] = str(cfg.hydra[key].dir)
+        except Exception:  # noqa: BLE001 -- a dir built from resolvers only a running app has: Hydra checks it
+            pass
+    for key, value in dirs.items():
+        if key == "out_dir" or value != dirs["out_dir"]:
+            check_out_dir(value, key)
+
+
+def check_out_dir(out_dir: str, key: str = "out_dir") -> None:
+    """out_dir (or the Hydra dir `key`) exists or can be made, and takes a file; else ConfigError."""
+    import tempfile
+    from pathlib import Path
+
+    path = Path(out_dir).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise ConfigError(f"{key}={out_dir} cannot hold the records: {why} ({e.filename or path}); "
+                          "pass a writable directory, e.g. out_dir=results/mine") from None
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     blas.select()  # once more in a launcher's worker process, which never ran this module's top
     from harness.gate import run_gate
-    from harness.run import run_cell
+    from harness.run import OUTCOMES, CellAborted, exit_code, run_cell
 
     try:
         if cfg.gate is not None:
@@ -74,16 +126,43 @@ def _hydra_main(cfg: DictConfig) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except CellAborted as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.code)
+    mode = _job_mode()
+    if mode == "single":
+        sys.exit(exit_code(OUTCOMES, sweep=False))
+    if mode == "worker" and OUTCOMES and OUTCOMES[-1]["status"] == "error":
+        # A job in its own process: failing it is how its launcher learns; the others run on.
+        raise RuntimeError(f"cell {OUTCOMES[-1]['cell']}: error: {OUTCOMES[-1]['reason']}")
+
+
+def _job_mode() -> str:
+    """single (one cell), sweep (a multirun whose jobs run in this process) or worker (a job of a
+    multirun launched in its own process: submitit, Ray)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return "single"
+    return "sweep" if hc.launcher._target_.split(".")[-1] == "BasicLauncher" else "worker"
 
 
 def main() -> None:
+    from harness.run import OUTCOMES, exit_code, outcome_summary
+
     try:
         check_overrides(sys.argv[1:])
+        register_configs()
+        preflight(sys.argv[1:])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    register_configs()
     _hydra_main()
+    if OUTCOMES:  # a sweep whose jobs ran here: one line on how it went, then its exit code
+        print(f"sweep: {outcome_summary(OUTCOMES)}", file=sys.stderr)
+        sys.exit(exit_code(OUTCOMES, sweep=True))
 
 
 if __name__ == "__main__":

@@ -63,6 +63,8 @@ class BenchConfig:
     profile: bool = True  # one extra, separately timed pass per prompt with per-phase barriers
     chat_template: bool = True  # wrap turns in the tokenizer's chat template when it has one
     stop_at_eos: bool = False  # benchmarks generate exactly max_new_tokens by default
+    truncate_prompts: bool = False  # a prompt too long for the model's context: false refuses the cell,
+    #                                 true keeps its last tokens that fit (the record says how many it had)
 
 
 @dataclass
@@ -107,6 +109,7 @@ class Config:
     out_dir: str = "results/default"
     force: bool = False  # re-run cells whose record already exists
     allow_shared_device: bool = False  # let cells launched in parallel time on one device at once (ratios suffer)
+    lock_timeout_s: Optional[float] = None  # give up (exit 5) when another run holds the device longer; null = wait
     gate: Optional[GateConfig] = None  # set by +gate=<name>: run its checks, exit 1 if any falls short
 
 
@@ -136,6 +139,7 @@ def validate(cfg) -> None:
     """Check every value the schema cannot; raises ConfigError."""
     from engines.base import get_engine
     from engines.gemm import available as gemm_available
+    from harness.bounds import check_block
 
     try:
         engine = get_engine(cfg.method.name)
@@ -174,6 +178,10 @@ def validate(cfg) -> None:
         raise ConfigError("dispatch.small_m_gemm=true needs MLX's CUDA backend (engines/gemm.py is a CUDA kernel); "
                           "leave it null or false on this machine")
     b = cfg.bench
+    if "block_size" in engine.knobs:
+        check_block(cfg.method.block_size, b.max_new_tokens)
+    if cfg.lock_timeout_s is not None and cfg.lock_timeout_s < 0:
+        raise ConfigError(f"lock_timeout_s={cfg.lock_timeout_s} is not valid; use null (wait) or seconds >= 0")
     for key, low in (("max_new_tokens", 1), ("reps", 1), ("warmup", 0), ("seed", 0), ("cooldown_s", 0)):
         if getattr(b, key) < low:
             raise ConfigError(f"bench.{key}={getattr(b, key)} is not valid; it must be >= {low}")

@@ -37,6 +37,7 @@ from engines.cache import ROLLBACK_STRATEGIES, cache_nbytes
 from engines.sampling import Sampler
 from engines.target import Target
 from harness import stats
+from harness.bounds import fit_prompt, interpolate, nearest_at_or_above, positions_needed, verify_sizes
 from harness.loop import Prefill, Round, generate
 from harness.prompts import Prompt, encode_turn
 
@@ -89,6 +90,31 @@ class Generation:
                 "accept_hist": hist, "proposed_at": proposed, "accepted_at": accepted}
 
 
+class Heartbeat:
+    """A line every `every_s` from inside loops that otherwise print nothing for as long as the
+    user's sizes make them run (a 1,000-token block, a 4,000-token prompt): which phase, how
+    far. One per process (progress is cosmetic; it never changes what is measured); silent
+    until measure_cell gives it a log. Its cost in a timed loop: one clock read per round."""
+
+    def __init__(self, every_s: float = 30.0):
+        self.every_s, self.log, self.phase, self.since, self.last = every_s, None, "", 0.0, 0.0
+
+    def start(self, phase: str) -> None:
+        self.phase, self.since = phase, time.perf_counter()
+        self.last = self.since
+
+    def beat(self, detail: str = "") -> None:
+        if self.log is None:
+            return
+        now = time.perf_counter()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self.log(f"  ... still in {self.phase}{detail}, {now - self.since:.0f}s so far")
+
+
+HEARTBEAT = Heartbeat()
+
+
 def run_generation(engine: Engine, ids: list[int], max_new_tokens: int, sampler: Sampler,
                    profile: bool = False, stop_tokens=frozenset(), keep_scores: bool = False) -> Generation:
     mx.reset_peak_memory()
@@ -103,6 +129,7 @@ def run_generation(engine: Engine, ids: list[int], max_new_tokens: int, sampler:
             gen.rounds.append(ev)
         if keep_scores and ev.scores is not None:
             gen.scores.append(ev.scores)
+        HEARTBEAT.beat(f": {len(gen.tokens)}/{max_new_tokens} tokens of a {engine.name} generation")
     gen.decode_s = time.perf_counter() - t0 - gen.prefill_s
     mx.eval(engine.state())  # untimed: work an arm left in flight must not run inside the next arm's timing
     gen.peak_bytes, gen.cache_bytes = mx.get_peak_memory(), cache_nbytes(engine.caches())
@@ -158,6 +185,7 @@ def _margin(logits: mx.array, tokens: list[int], at: int) -> dict:
 
 def _timed_verify(target: Target, start: tuple, tokens: list[int], n_keep: int | None = None) -> float:
     # ms of one verify (and commit, when n_keep is given) from the cache at `start`, then back there.
+    HEARTBEAT.beat(f": a verify of {len(tokens)} tokens")
     t0 = time.perf_counter()
     logits = target.verify(tokens)
     if n_keep is not None:
@@ -176,7 +204,9 @@ def compare_rollbacks(like: Target, ids: list[int], block: int, accept_hist: lis
     rounds per accepted count, from the warm-up; uniform without one), median of n passes
     each: which strategy is fastest for this cell, for a target set up `like` the cell's."""
     counts = list(accept_hist or [])[:block] + [0] * block
-    weights = counts[:block] if sum(counts[:block]) else [1] * block  # weight of keep = accepted + 1
+    counts = counts[:block] if sum(counts[:block]) else [1] * block  # rounds per keep = accepted + 1
+    keeps = verify_sizes(block)  # a bounded set of shapes, whatever the block; a keep counts at the next one
+    weights = [sum(c for k, c in enumerate(counts, 1) if nearest_at_or_above(keeps, k) == g) for g in keeps]
     costs = {}
     for strategy in ROLLBACK_STRATEGIES:
         target = Target(like.model, kv=like.kv, rollback=strategy, kv_group_size=like.kv_group_size,
@@ -185,18 +215,19 @@ def compare_rollbacks(like: Target, ids: list[int], block: int, accept_hist: lis
         target.prefill(ids)
         start = target.mark()
         pending = ids[-1]
-        keeps = range(1, block + 1)  # keep = accepted + 1
         for keep in keeps:
             _timed_verify(target, start, [pending] * block, keep)  # warm-up of every shape
         passes = [[_timed_verify(target, start, [pending] * block, keep) for keep in keeps] for _ in range(n)]
         per_keep = [statistics.median(p[i] for p in passes) for i in range(len(keeps))]
         costs[strategy] = sum(w * ms for w, ms in zip(weights, per_keep)) / sum(weights)
     return {"block": block, "verify_and_rollback_ms": costs, "fastest": min(costs, key=costs.get),
-            "weights": weights, "weighted_by": "the warm-up's accepted counts" if accept_hist else "uniform"}
+            "keeps": keeps, "weights": weights, "weighted_by": "the warm-up's accepted counts" if accept_hist else "uniform"}
 
 
 def calibrate(target: Target, ids: list[int], block: int, n: int = 7) -> dict:
-    """Target cost of a verify over 1..block tokens at this context (ms, medians of n).
+    """Target cost of a verify over 1..block tokens at this context (ms, medians of n): every
+    size up to 16, a geometric grid beyond (harness/bounds.verify_sizes), so its cost stays
+    bounded whatever the block; the speedup model interpolates between timed sizes.
 
     Every call starts from the same cache (the prompt), so its shapes repeat: the
     first call per size, which pays any JIT compile (GPU backends), is not timed.
@@ -205,7 +236,7 @@ def calibrate(target: Target, ids: list[int], block: int, n: int = 7) -> dict:
     mx.eval([c.state for c in target.cache])
     start = target.mark()
     pending = ids[-1]
-    sizes = range(1, block + 1)
+    sizes = verify_sizes(block)
     for t in sizes:
         _timed_verify(target, start, [pending] * t)  # warm-up for this shape
     passes = [[_timed_verify(target, start, [pending] * t) for t in sizes] for _ in range(n)]
@@ -215,19 +246,25 @@ def calibrate(target: Target, ids: list[int], block: int, n: int = 7) -> dict:
             "verify_cost_ratio": verify[block] / verify[1]}
 
 
-def context_scaling(engine: Engine, ids: list[int], sampler: Sampler, new_tokens: int = 8) -> dict:
+def context_scaling(engine: Engine, ids: list[int], sampler: Sampler, new_tokens: int = 8,
+                    context: int | None = None, block: int = 1) -> dict:
     """Verify cost per round at the prompt's context and at a 4x longer one (profiled runs):
     mean verify ms, and the tokens the target was fed per round (work, independent of timing
     noise). Incremental verify (most methods) stays flat; a method that re-reads the whole
-    context every round (dflash_c) grows with it."""
+    context every round (dflash_c) grows with it. The long context stays inside the model's
+    `context` positions; where the prompt leaves no room for a longer one, it is skipped."""
     out = {}
-    for label, context in (("short", ids), ("long", (ids * 4)[: max(4 * len(ids), 64)])):
-        run_generation(engine, context, new_tokens, sampler)  # warm-up: new shapes compile on GPU backends
+    room = 4 * len(ids) if context is None else context - positions_needed(0, new_tokens, block)
+    long = (ids * 4)[: min(max(4 * len(ids), 64), room)]
+    for label, prompt in (("short", ids), ("long", long)):
+        if label == "long" and len(long) <= len(ids):
+            return {**out, "skipped": f"no room for a longer context within the model's {context} positions"}
+        run_generation(engine, prompt, new_tokens, sampler)  # warm-up: new shapes compile on GPU backends
         fed = engine.target.fed_tokens
-        gen = run_generation(engine, context, new_tokens, sampler, profile=True)
+        gen = run_generation(engine, prompt, new_tokens, sampler, profile=True)
         verify = [r.phases["verify"] for r in gen.rounds if r.phases]
-        out[label] = {"context": len(context), "verify_ms": 1e3 * statistics.mean(verify) if verify else None,
-                      "fed_per_round": (engine.target.fed_tokens - fed - len(context)) / max(len(gen.rounds), 1)}
+        out[label] = {"context": len(prompt), "verify_ms": 1e3 * statistics.mean(verify) if verify else None,
+                      "fed_per_round": (engine.target.fed_tokens - fed - len(prompt)) / max(len(gen.rounds), 1)}
     if out["short"]["verify_ms"] and out["long"]["verify_ms"]:
         out["growth"] = out["long"]["verify_ms"] / out["short"]["verify_ms"]
     out["fed_growth"] = out["long"]["fed_per_round"] / out["short"]["fed_per_round"]
@@ -268,36 +305,53 @@ def method_first(unit: int, rep: int) -> bool:
     return (unit + rep) % 2 == 0
 
 
-def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=None) -> dict:
-    """Run every prompt (and turn) of the cell; returns the record's per-prompt list and summary."""
+def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=None,
+                 context: int | None = None, log=None) -> dict:
+    """Run every prompt (and turn) of the cell; returns the record's per-prompt list and summary.
+    `context`: the model's positions; every prompt is checked against it before anything runs
+    (ConfigError), or cut to fit with bench.truncate_prompts. `log` hears each phase begin."""
+    log = log or (lambda msg: None)
+    HEARTBEAT.log = log
     sampler = Sampler(bench.temperature, bench.seed)
     stop = frozenset(tokenizer.eos_token_ids) if bench.stop_at_eos else frozenset()
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
+    check_prompts(units, tokenizer, bench, arms.block, context)
     items, reps_m, reps_b = [], [[] for _ in range(bench.reps)], [[] for _ in range(bench.reps)]
     answers: dict[str, list[str]] = {}
     calibration = None
     warm_every = warmup_every_prompt(bench)
     for u, (prompt, turn) in enumerate(units):
         ids = encode_turn(tokenizer, prompt, turn, answers.get(prompt.id, []), bench.chat_template)
+        ids, cut_from = fit_prompt(ids, bench.max_new_tokens, arms.block, context, _where(prompt, turn),
+                                   bench.truncate_prompts)
 
         def run(eng, profile=False, keep_scores=False):
             return run_generation(eng, ids, bench.max_new_tokens, sampler, profile, stop, keep_scores)
 
         if u == 0 or warm_every:
+            if u == 0:
+                log(f"  warm-up: {bench.warmup} generation(s) per arm")
+            HEARTBEAT.start(f"the warm-up of {_where(prompt, turn)}")
             warm = _warm_up(arms, run, bench.warmup)
         if u == 0:
-            calibration = _calibrate_cell(arms, ids, sampler, warm)
+            log(f"  calibration: verify of {len(verify_sizes(arms.block))} sizes up to {arms.block} tokens")
+            HEARTBEAT.start("the calibration")
+            calibration = _calibrate_cell(arms, ids, sampler, warm, context)
             if calibration.get("rollback", {}).get("switched"):
                 _warm_up(arms, run, min(bench.warmup, 1))  # the chosen strategy's shapes, before timing
+        HEARTBEAT.start(f"the timed reps of {_where(prompt, turn)} (turn {u + 1}/{len(units)})")
         gm, gb, order = _timed_reps(arms, run, u, bench)
         for reps, gens in ((reps_m, gm), (reps_b, gb)):
             for r, g in enumerate(gens):
                 reps[r].append(g)
         ref = gb[0] if arms.base else gm[0]
         answers.setdefault(prompt.id, []).append(tokenizer.decode(ref.tokens))
+        HEARTBEAT.start(f"the profiled runs of {_where(prompt, turn)}")
         prof = run(arms.method, profile=True) if bench.profile else None
         item = _prompt_item(prompt, turn, ids, gm, gb, prof)
         item["arm_order"] = order
+        if cut_from is not None:
+            item["truncated_from"] = cut_from  # prompt tokens before bench.truncate_prompts kept the last ones
         if prof and arms.base and arms.reference_is_base:
             bprof = run(arms.base, profile=True)
             item["base_profile"] = {"rounds_detail": _round_table(bprof), "first_token": _first_token(bprof)}
@@ -307,6 +361,7 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
         items.append(item)
         if progress:
             progress(u + 1, len(units))
+    HEARTBEAT.log = None
     summary = _summary(items, reps_m, reps_b if arms.base else None)
     summary["verify_cost_ratio"] = calibration["verify_cost_ratio"]  # verify of a full block / one decode step
     summary["model"] = speedup_model(items, summary, calibration, arms.block,
@@ -345,7 +400,24 @@ def _timed_reps(arms: Arms, run, unit: int, bench) -> tuple[list[Generation], li
     return gm, gb, order
 
 
-def _calibrate_cell(arms: Arms, ids: list[int], sampler: Sampler, warm: Generation | None) -> dict:
+def check_prompts(units, tokenizer, bench, block: int, context: int | None) -> None:
+    """ConfigError for the first prompt (turn) that cannot fit the model's context with the
+    token budget, before anything runs. A later turn is charged its earlier answers at
+    max_new_tokens each (their exact length is known only once they are generated)."""
+    if context is None:
+        return
+    for prompt, turn in units:
+        ids = encode_turn(tokenizer, prompt, turn, [""] * turn, bench.chat_template)
+        fit_prompt([0] * (len(ids) + turn * bench.max_new_tokens), bench.max_new_tokens, block, context,
+                   _where(prompt, turn), bench.truncate_prompts)
+
+
+def _where(prompt: Prompt, turn: int) -> str:
+    return f"prompt {prompt.id!r}" + (f" turn {turn + 1}" if len(prompt.turns) > 1 else "")
+
+
+def _calibrate_cell(arms: Arms, ids: list[int], sampler: Sampler, warm: Generation | None,
+                    context: int | None = None) -> dict:
     target = arms.method.target
     rollbacks = None
     if target.layout.recurrent and arms.block > 1:
@@ -359,7 +431,7 @@ def _calibrate_cell(arms: Arms, ids: list[int], sampler: Sampler, warm: Generati
     if rollbacks:
         calibration["rollback"] = rollbacks
     if arms.block > 1 and not arms.method.external:
-        calibration["context_scaling"] = context_scaling(arms.method, ids, sampler)
+        calibration["context_scaling"] = context_scaling(arms.method, ids, sampler, context=context, block=arms.block)
     return calibration
 
 
@@ -539,6 +611,7 @@ def speedup_model(items: list[dict], summary: dict, calibration: dict | None, bl
     if not phases:
         return out  # without a profile the cost of drafting is unknown
     ratio = {int(t): ms / calibration["decode_ms"] for t, ms in calibration["verify_ms_by_tokens"].items()}
+    cost = lambda t: interpolate(ratio, t)  # noqa: E731 -- sizes between timed ones lie on a line
     base = base_step(items)
     timed = summary.get("base_round_ms_median") if base else None
     unit = timed or (base["round_ms"] if base else calibration["decode_ms"])
@@ -546,7 +619,7 @@ def speedup_model(items: list[dict], summary: dict, calibration: dict | None, bl
     overhead = sum(ms for p, ms in phases.items() if p not in MODEL_PHASES)
     fed, tokens = _profiled_rounds(items)
     if incremental:
-        verify = {k: statistics.mean(ratio[block if full_block else min(v + 1, block)] for v in vs) * verify1
+        verify = {k: statistics.mean(cost(block if full_block else min(v + 1, block)) for v in vs) * verify1
                   for k, vs in fed.items()}
     else:  # the method's verify is not the target's incremental one (dflash_c re-prefills): take it as profiled
         verify = {k: phases.get("verify", 0.0) for k in fed}

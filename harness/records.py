@@ -11,6 +11,7 @@ import fcntl
 import hashlib
 import json
 import os
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -70,29 +71,31 @@ def write_record(path: Path, record: dict) -> None:
         raise
 
 
-def claim_cell(cid: str, out_dir) -> bool:
-    """Within one multirun, True for the first job of a cell and False for every later one
-    (jobs that differ only in an axis their method ignores), across processes and hosts:
-    the claim is a file created exclusively in out_dir, named by the cell and the multirun
-    (its multirun.yaml, which Hydra writes when the sweep starts). A later multirun claims
-    afresh, so a resumed sweep re-runs what is missing. Outside a multirun: always True."""
+def multirun_id() -> int | None:
+    """The running multirun's identity (the mtime of the multirun.yaml Hydra writes when the
+    sweep starts), the same in every job of it, in any process or host; None outside one.
+    A record carries it, so a later job of the same cell (a method that ignores the axis the
+    jobs differ in) sees the cell already done in this sweep, while a resumed sweep (a new
+    multirun) re-runs what is missing."""
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
         hc = HydraConfig.get()
         if hc.mode != RunMode.MULTIRUN:
-            return True
-        run = (Path(hc.sweep.dir) / "multirun.yaml").stat().st_mtime_ns
+            return None
+        return (Path(hc.sweep.dir) / "multirun.yaml").stat().st_mtime_ns
     except (ValueError, OSError):  # no Hydra context (gates compose their cells) or no sweep file
-        return True
-    claims = Path(out_dir) / ".claims"
-    claims.mkdir(parents=True, exist_ok=True)
-    try:
-        os.close(os.open(claims / f"{cid}.{run}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
+        return None
+
+
+class LockTimeout(RuntimeError):
+    """The device stayed held by another run for longer than lock_timeout_s."""
+
+
+def lock_dir() -> Path:
+    # SPEC_HARNESS_LOCK_DIR: the test suite takes its own, so it never queues behind a user's run.
+    return Path(os.environ.get("SPEC_HARNESS_LOCK_DIR") or tempfile.gettempdir())
 
 
 def device_lock_path() -> Path:
@@ -105,28 +108,76 @@ def device_lock_path() -> Path:
         device = "metal"
     else:
         device = "cuda-" + (os.environ.get("CUDA_VISIBLE_DEVICES") or "all").replace(",", "_")
-    return Path(tempfile.gettempdir()) / f"spec-harness-device-{device}.lock"
+    return lock_dir() / f"spec-harness-device-{device}.lock"
+
+
+def lock_holder(path: Path) -> str:
+    """Who holds the device lock at `path`, as its holder wrote it: pid, command, since when."""
+    try:
+        h = json.loads(Path(path).read_text() or "{}")
+    except (OSError, json.JSONDecodeError):
+        h = {}
+    if not h.get("pid"):
+        return "a process that did not say who it is"
+    since = time.strftime("%H:%M:%S", time.localtime(h["since"]))
+    return f"pid {h['pid']} ({h.get('cmd', '?')[:120]}) since {since}, {_ago(time.time() - h['since'])} ago"
+
+
+def _ago(s: float) -> str:
+    s = int(s)
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 @contextmanager
-def device_lock(shared: bool = False):
+def device_lock(shared: bool = False, timeout_s: float | None = None, log=None, poll_s: float = 0.25,
+                every_s: float = 30.0):
     """Hold this host's compute device for the measurement: cells launched in parallel (local
     processes, several jobs on one node) take turns on it, because two timed cells sharing a
     device make both cells' tok/s, and so every ratio, meaningless. The lock lives in this
-    host's temp dir (per GPU set under CUDA_VISIBLE_DEVICES). Yields a function giving the
-    seconds spent waiting. `shared=True` (allow_shared_device) skips it."""
+    host's temp dir (per GPU set under CUDA_VISIBLE_DEVICES). While it waits, `log` hears who
+    holds it (pid, command, since when), then again every `every_s`; past `timeout_s` it raises
+    LockTimeout naming the holder. Yields a function giving the seconds spent waiting.
+    `shared=True` (allow_shared_device) skips it."""
     start = time.perf_counter()
     waited = [0.0]
     if shared:
         yield lambda: 0.0
         return
-    with open(device_lock_path(), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    path = device_lock_path()
+    with open(path, "a+") as fh:
+        _acquire(fh, path, start, timeout_s, log or (lambda msg: None), poll_s, every_s)
         waited[0] = time.perf_counter() - start
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"pid": os.getpid(), "cmd": " ".join(sys.argv), "since": time.time()}))
+        fh.flush()
         try:
             yield lambda: waited[0]
         finally:
+            fh.truncate(0)
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _acquire(fh, path: Path, start: float, timeout_s, log, poll_s: float, every_s: float) -> None:
+    told = None
+    while True:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if told is not None:
+                log(f"  device free after {time.perf_counter() - start:.1f}s of waiting")
+            return
+        except BlockingIOError:
+            pass
+        now = time.perf_counter()
+        if timeout_s is not None and now - start >= timeout_s:
+            raise LockTimeout(f"the device is still held after {timeout_s:g}s (lock_timeout_s) by "
+                              f"{lock_holder(path)}; lock file {path}. Wait for it, raise lock_timeout_s, or "
+                              "set allow_shared_device=true (both runs' timings then suffer)")
+        if told is None or now - told >= every_s:
+            limit = f", giving up after {timeout_s:g}s" if timeout_s is not None else ""
+            log(f"  waiting for the device: held by {lock_holder(path)} [{path}]{limit}")
+            told = now
+        time.sleep(poll_s)
 
 
 def _json_default(x):
@@ -142,11 +193,33 @@ def read_record(path: Path) -> dict | None:
         return None
 
 
-def iter_records(root: Path):
-    """(path, record) for every record under root; temp files and non-records skipped."""
+def record_problem(path: Path) -> tuple[dict | None, str | None]:
+    """(the record at `path`, None) or (None, why it is not one: unreadable, not JSON, not a record)."""
+    try:
+        rec = json.loads(Path(path).read_text())
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror})"
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return None, f"is not valid JSON ({getattr(e, 'msg', e)}; a copy cut short, or edited by hand)"
+    if not isinstance(rec, dict) or "cell" not in rec or "schema" not in rec:
+        return None, "is not a harness record (no schema / cell)"
+    if rec["schema"] != SCHEMA_VERSION:
+        return None, f"is a record of schema {rec['schema']!r}; this harness reads schema {SCHEMA_VERSION}"
+    return rec, None
+
+
+def scan_records(root: Path) -> tuple[list[tuple[Path, dict]], list[tuple[Path, str]]]:
+    """([(path, record)], [(path, why unreadable)]) for every *.json under root, hidden paths
+    (temp files, launcher folders) aside: a broken record is named, never silently dropped."""
+    good, bad = [], []
     for path in sorted(Path(root).rglob("*.json")):
         if any(part.startswith(".") for part in path.relative_to(root).parts):
-            continue  # temp files, claims, launcher folders
-        rec = read_record(path)
-        if isinstance(rec, dict) and rec.get("schema") == SCHEMA_VERSION and "cell" in rec:
-            yield path, rec
+            continue
+        rec, why = record_problem(path)
+        (good.append((path, rec)) if rec is not None else bad.append((path, why)))
+    return good, bad
+
+
+def iter_records(root: Path):
+    """(path, record) for every readable record under root (scan_records names the rest)."""
+    yield from scan_records(root)[0]

@@ -3,7 +3,8 @@
 Bad input raises ConfigError before anything is written. Once the input is valid
 every outcome is recorded: `ok`, `unsupported` (this method/model/backend
 combination cannot run, with the reason) or `error` (with the exception), and a
-sweep goes on to the next cell.
+sweep goes on to the next cell. Each outcome is also kept in OUTCOMES, from which
+the command's exit code is made (EXIT_CODES; README "Exit codes").
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from harness.gguf_import import conversion_record
 from harness.models import has_moe, load_target, model_dtype, resolve_model, weight_bytes
 from harness.progress import PROGRESS
 from harness.prompts import load_suite, suite_sources
-from harness.records import SCHEMA_VERSION, canonical_cell, cell_id, claim_cell, device_lock, read_record, write_record
+from harness.bounds import model_context
+from harness.records import (SCHEMA_VERSION, LockTimeout, canonical_cell, cell_id, device_lock, multirun_id, read_record,
+                             write_record)
+
+# What `python -m harness` exits with. A sweep exits 3 when any cell errored (after running the
+# rest); its unsupported cells are expected outcomes of a grid, so they alone leave it at 0.
+EXIT_CODES = {"ok": 0, "gate": 1, "bad input": 2, "error": 3, "unsupported": 4, "lock timeout": 5}
+OUTCOMES: list[dict] = []  # one {"cell", "status", "reason", "path"} per cell this process ran or skipped
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
@@ -41,29 +49,85 @@ def run_cell(cfg) -> Path | None:
     cid = cell_id(cell)
     path = Path(cfg.out_dir) / f"{cid}.json"
     head = PROGRESS.begin_job()
-    if not claim_cell(cid, cfg.out_dir):
-        log(f"{head} skip {cid}: same cell as an earlier job ({cfg.method.name} ignores the axis that differs)")
-        return path
-    old = read_record(path)
-    if old and old.get("status") == "ok" and not cfg.force:
-        log(f"{head} skip {cid}: already recorded in {path} (force=true re-runs it)")
-        return path
+    sweep = multirun_id()
+    if skip := _already_done(read_record(path), cfg.force, sweep, any(o["cell"] == cid for o in OUTCOMES)):
+        log(f"{head} skip {cid}: {skip}")
+        return _outcome(cid, read_record(path), path)
     turns = sum(len(p.turns) for p in prompts)
     log(f"{head} {cid}: {len(prompts)} prompts ({turns} turns), {cfg.bench.max_new_tokens} new tokens each")
     if warning := blas_warning(environment()):  # None unless the reference BLAS serves CPU matmuls
         log(warning)
-    t0 = time.perf_counter()
-    with device_lock(cfg.allow_shared_device) as waited:
-        started = time.time()
-        record = _measure(cfg, cell, cid, prompts, ckpt)
-        record["device"] = {"held_from": started, "held_to": time.time(), "waited_s": round(waited(), 3),
-                            "shared": bool(cfg.allow_shared_device)}
+    try:
+        with device_lock(cfg.allow_shared_device, cfg.lock_timeout_s, log) as waited:
+            if skip := _already_done(read_record(path), cfg.force, sweep):  # another job may have run it meanwhile
+                log(f"  skip {cid}: {skip}")
+                return _outcome(cid, read_record(path), path)
+            t0, started = time.perf_counter(), time.time()
+            record = _measure(cfg, cell, cid, prompts, ckpt)
+            record["multirun"] = sweep
+            record["device"] = {"held_from": started, "held_to": time.time(), "waited_s": round(waited(), 3),
+                                "shared": bool(cfg.allow_shared_device)}
+    except LockTimeout as e:
+        raise CellAborted(str(e), EXIT_CODES["lock timeout"]) from None
     if os.environ.get("SPEC_HARNESS_TEST_KILL") and os.environ["SPEC_HARNESS_TEST_KILL"] in cid:
         os._exit(137)  # test hook: a job killed after measuring, before its record exists
     write_record(path, record)
-    PROGRESS.measured_cell(cfg.method.name, time.perf_counter() - t0)
+    PROGRESS.measured_cell(cfg.method.name, time.perf_counter() - t0)  # waiting for the device excluded
     log(f"  -> {record['status']}: {_headline(record)}  [{path}]")
+    return _outcome(cid, record, path)
+
+
+class CellAborted(RuntimeError):
+    """The cell could not start (the device stayed busy): nothing recorded; `code` is the exit code."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def _already_done(old: dict | None, force: bool, sweep: int | None, seen_here: bool = False) -> str | None:
+    """Why the cell need not run again, or None: already run by an earlier job of this very
+    sweep (`seen_here`: in this process; else the record names this multirun), for jobs that
+    differ only in an axis their method ignores; or recorded ok (unless force)."""
+    if not isinstance(old, dict) or "cell" not in old:
+        return None  # no record (or a broken one): run
+    if seen_here or (sweep is not None and old.get("multirun") == sweep):
+        return f"same cell as an earlier job of this sweep ({old['cell']['method']['name']} ignores the axis that differs)"
+    if old.get("status") == "ok" and not force:
+        return "already recorded (force=true re-runs it)"
+    return None
+
+
+def _outcome(cid: str, record: dict | None, path: Path) -> Path:
+    status = record.get("status", "error") if record else "error"
+    OUTCOMES.append({"cell": cid, "status": status, "reason": (record or {}).get("reason"), "path": str(path)})
     return path
+
+
+def exit_code(outcomes: list[dict], sweep: bool) -> int:
+    """0 when every cell is ok; one cell: 3 for `error`, 4 for `unsupported`; a sweep: 3 when any errored."""
+    statuses = {o["status"] for o in _per_cell(outcomes)}
+    if "error" in statuses:
+        return EXIT_CODES["error"]
+    if "unsupported" in statuses and not sweep:
+        return EXIT_CODES["unsupported"]
+    return EXIT_CODES["ok"]
+
+
+def _per_cell(outcomes: list[dict]) -> list[dict]:
+    # Jobs that repeat a cell (an axis its method ignores) count once, with the cell's last word.
+    return list({o["cell"]: o for o in outcomes}.values())
+
+
+def outcome_summary(outcomes: list[dict]) -> str:
+    """One line: how many cells ended how, and which failed (for the end of a sweep)."""
+    outcomes = _per_cell(outcomes)
+    counts = {}
+    for o in outcomes:
+        counts[o["status"]] = counts.get(o["status"], 0) + 1
+    line = f"{len(outcomes)} cell(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    failed = [f"{o['cell']} ({(o['reason'] or '').splitlines()[0][:200]})" for o in outcomes if o["status"] == "error"]
+    return line + (f"; failed: {'; '.join(failed)}" if failed else "")
 
 
 def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path) -> dict:
@@ -86,7 +150,7 @@ def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path) -> dict:
         started = time.perf_counter()
         progress = lambda done, total: log(f"  turn {done}/{total}  {time.perf_counter() - started:.1f}s")
         with LoadMeter() as load:
-            record.update(measure_cell(arms, tokenizer, prompts, cfg.bench, progress))
+            record.update(measure_cell(arms, tokenizer, prompts, cfg.bench, progress, model_context(ckpt), log))
         record["load"] = load.record
         record["engine"] = arms.method.describe()  # after measuring: rollback=auto has picked its strategy
         record["status"] = "ok"

@@ -4,6 +4,9 @@ Writes report.md (setup, protocol, tables, plots), report.csv (one row per cell)
 categories.csv (one row per cell and prompt category), prompts.csv (one row per prompt
 and turn), profiles.csv and four PNG plots into the directory, and prints the
 per-architecture tables.
+
+Every *.json under the directory that is not a readable record is named on stderr and in
+report.md; `--strict` makes that exit 1 (after writing the report), for CI.
 """
 
 from __future__ import annotations
@@ -11,21 +14,26 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.records import iter_records
+from harness.records import scan_records
 from report.document import write
 from report.tables import arch_tables
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        print("usage: python -m report <results dir>", file=sys.stderr)
+    strict = "--strict" in argv
+    args = [a for a in argv if a != "--strict"]
+    if len(args) != 1 or args[0] in ("-h", "--help"):
+        print("usage: python -m report [--strict] <results dir>", file=sys.stderr)
         return 2
-    root = Path(argv[0])
+    root = Path(args[0])
     if not root.is_dir():
         print(f"error: {root} is not a directory; pass the out_dir of a harness run (e.g. results/sweep-qwen35)",
               file=sys.stderr)
         return 2
-    if not any(True for _ in iter_records(root)):
+    good, unread = scan_records(root)
+    for path, why in unread:
+        print(f"warning: {path} {why}: left out of the report", file=sys.stderr)
+    if not good:
         print(f"error: no harness records under {root}; run `python -m harness out_dir={root}` first",
               file=sys.stderr)
         return 2
@@ -33,6 +41,9 @@ def main(argv: list[str]) -> int:
     print(arch_tables(df))
     print(f"{len(df)} cells -> {md} (+ report.csv, categories.csv, prompts.csv, profiles.csv, *.png in {root})",
           file=sys.stderr)
+    if unread and strict:
+        print(f"error: {len(unread)} file(s) under {root} could not be read as records (--strict)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -104,11 +104,19 @@ def _cut_note(records) -> list[str]:
             f"{full} runs the full protocol."]
 
 
+def unread_section(root: Path, unread: list) -> list[str]:
+    # A cell missing from the tables must say why, here as on the terminal.
+    if not unread:
+        return []
+    return ["## Files not read", "", "These files under the results directory are not in any table:", "",
+            *[f"- `{p.relative_to(root)}` {why}" for p, why in unread], ""]
+
+
 def write(root: Path) -> tuple[Path, pd.DataFrame]:
     """Write report.md, CSVs and PNGs into `root`; returns the markdown path and cell table."""
-    from harness.records import iter_records
+    from harness.records import scan_records
 
-    records = list(iter_records(root))
+    records, unread = scan_records(root)
     df = cells(root, records)
     pr = prompts(root, records)
     prof = profiles(records)
@@ -159,7 +167,8 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
            "base decoding.", "",
            model_table(df),
            "## Plots", "",
-           *[f"![{p.stem}]({p.name})" for p in pngs], ""]
+           *[f"![{p.stem}]({p.name})" for p in pngs], "",
+           *unread_section(root, unread)]
     md = root / "report.md"
     md.write_text("\n".join(doc))
     return md, df

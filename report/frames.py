@@ -108,7 +108,6 @@ def prompts(root: Path, records=None) -> pd.DataFrame:
     labels = arch_labels(records)
     rows = []
     for _, rec in records:
-        cell = rec["cell"]
         for item in rec.get("prompts", []):
             row = {**_keys(rec, labels), "cell_id": rec["cell_id"],
                    **{k: v for k, v in item.items() if not isinstance(v, (list, dict))}}

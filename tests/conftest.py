@@ -12,6 +12,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Harness subprocesses keep the wheel's BLAS, as this process does: no test depends on which
 # BLAS serves it (optimized ones round verify rows differently from single-token decode).
 os.environ.setdefault("SPEC_HARNESS_BLAS", "reference")
+# The suite's harness runs take turns on a device lock of their own, never the host's: a user's
+# benchmark holding the real lock must not stall the tests (nor the tests time the user's cells).
+if "SPEC_HARNESS_LOCK_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["SPEC_HARNESS_LOCK_DIR"] = tempfile.mkdtemp(prefix="spec-harness-test-locks-")
 
 from harness.fixtures import fixture_dir, fixture_names  # noqa: E402
 

@@ -17,7 +17,7 @@ from harness import measure
 from harness.measure import Arms, measure_cell
 from tests.conftest import builtin_prompts
 
-BENCH = SimpleNamespace(temperature=0.0, seed=0, stop_at_eos=False, max_new_tokens=6, warmup=0,
+BENCH = SimpleNamespace(temperature=0.0, seed=0, stop_at_eos=False, truncate_prompts=False, max_new_tokens=6, warmup=0,
                         warmup_scope="first", reps=4, cooldown_s=0.0, profile=False, chat_template=True)
 DELAY_S, DECODE_S = 0.5, 0.1
 

@@ -73,7 +73,8 @@ def test_qwen35_sweep_then_report_end_to_end_and_rerun_skips(tmp_path):
 
     again = harness(*sweep, *QUICK, f"out_dir={out}")
     assert again.returncode == 0
-    assert again.stderr.count("already recorded") == 20
+    assert again.stderr.count("already recorded") == 20 and again.stderr.count("same cell as an earlier job") == 4
+    assert again.stderr.strip().splitlines()[-1] == "sweep: 20 cell(s): 20 ok"
     assert {p: p.stat().st_mtime_ns for p in out.glob("*.json")} == mtimes
 
 
@@ -94,9 +95,12 @@ def _by_model(out: Path) -> dict[str, tuple[Path, dict]]:
                                                                  for p in out.glob("*.json"))}
 
 
-def test_a_failing_cell_is_recorded_and_the_sweep_goes_on(failed_sweep):
+def test_a_failing_cell_is_recorded_the_sweep_goes_on_and_exits_3_naming_it(failed_sweep):
     _, out, broken, r = failed_sweep
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 3, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("sweep: 3 cell(s): 1 error, 1 ok, 1 unsupported; failed: qwen35__base__kv-q8__"), last
+    assert str(broken) in last  # the reason names the file that failed
     by_model = {model: rec for model, (_, rec) in _by_model(out).items()}
     assert by_model[str(broken)]["status"] == "error" and by_model[str(broken)]["reason"]
     assert by_model["fixture:gemma4"]["status"] == "unsupported"

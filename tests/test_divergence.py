@@ -23,7 +23,7 @@ class KeepsOneRejected(Ngram):
         self.target.commit(min(n_accepted + 2, len(draft.tokens) + 1))
 
 
-BENCH = SimpleNamespace(temperature=0.0, seed=0, stop_at_eos=False, max_new_tokens=32, warmup=0,
+BENCH = SimpleNamespace(temperature=0.0, seed=0, stop_at_eos=False, truncate_prompts=False, max_new_tokens=32, warmup=0,
                         warmup_scope="first", reps=1, cooldown_s=0.0, profile=False, chat_template=True)
 
 

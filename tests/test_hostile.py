@@ -1,0 +1,210 @@
+"""Hostile input and shared machines: every absurd size is refused up front with its numbers,
+a wait for the device says who holds it and can time out, exit codes tell failure from success,
+Hydra's own failures are one line, and records are never silently lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from harness.bounds import fit_prompt, interpolate, verify_sizes
+from harness.config import ConfigError
+from tests.test_cli import QUICK, REPO, harness, records
+
+
+def _errors(stderr: str) -> list[str]:
+    return [ln for ln in stderr.strip().splitlines() if ln.startswith("error: ")]
+
+
+def test_a_block_larger_than_the_token_budget_is_refused_in_a_second_with_its_numbers(tmp_path):
+    t0 = time.perf_counter()
+    r = harness("arch=llama", "method=ngram", "bench=smoke", "method.block_size=1000", f"out_dir={tmp_path}")
+    assert r.returncode == 2, r.stderr
+    assert time.perf_counter() - t0 < 30
+    (line,) = _errors(r.stderr)
+    assert "method.block_size=1000" in line and "bench.max_new_tokens=24" in line
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_the_calibration_times_a_bounded_set_of_verify_sizes_whatever_the_block():
+    assert verify_sizes(8) == list(range(1, 9))  # real blocks: every size, as before
+    assert verify_sizes(16) == list(range(1, 17))
+    big = verify_sizes(1000)
+    assert big[:16] == list(range(1, 17)) and big[-1] == 1000 and len(big) <= 40
+    assert all(b > a for a, b in zip(big, big[1:]))
+    assert interpolate({1: 1.0, 5: 3.0}, 3) == 2.0 and interpolate({1: 1.0, 5: 3.0}, 5) == 3.0
+
+
+def test_a_prompt_longer_than_the_context_is_refused_or_cut_only_when_asked():
+    with pytest.raises(ConfigError, match=r"prompt 'p': 50000 prompt tokens \+ 8 new tokens \+ 3 .* need 50011 "
+                                          r"positions; the model holds 4096 .*truncate_prompts=true .* last 4085"):
+        fit_prompt(list(range(50000)), 8, 4, 4096, "prompt 'p'", truncate=False)
+    ids, cut = fit_prompt(list(range(50000)), 8, 4, 4096, "prompt 'p'", truncate=True)
+    assert cut == 50000 and ids == list(range(50000 - 4085, 50000))
+    assert fit_prompt([1, 2, 3], 8, 4, 4096, "p", truncate=False) == ([1, 2, 3], None)
+    with pytest.raises(ConfigError, match="lower bench.max_new_tokens"):
+        fit_prompt([1], 5000, 4, 4096, "p", truncate=True)  # no room for even one prompt token
+
+
+def _long_suite(tmp_path, words: int = 50000):
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"question_id": "long-1", "category": "long", "turns": ["word " * words]}) + "\n")
+    return path
+
+
+def test_a_50000_token_prompt_on_a_4096_position_model_ends_in_seconds_with_exit_2(tmp_path):
+    t0 = time.perf_counter()
+    r = harness("arch=llama", "method=ngram", "bench=smoke", f"bench.suite={_long_suite(tmp_path)}",
+                "bench.max_new_tokens=8", "method.block_size=4", f"out_dir={tmp_path / 'out'}")
+    assert r.returncode == 2, r.stderr
+    assert time.perf_counter() - t0 < 60
+    (line,) = _errors(r.stderr)
+    assert "prompt 'long-1'" in line and "the model holds 4096" in line and "truncate_prompts" in line
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.json"))
+
+
+def test_truncate_prompts_keeps_the_last_tokens_that_fit_and_records_the_cut(tmp_path):
+    r = harness("arch=llama", "method=ngram", "bench=smoke", f"bench.suite={_long_suite(tmp_path, 6000)}",
+                "bench.max_new_tokens=4", "method.block_size=2", "bench.truncate_prompts=true", "bench.reps=1",
+                "bench.warmup=0", "bench.profile=false", f"out_dir={tmp_path / 'out'}")
+    assert r.returncode == 0, r.stderr
+    (rec,) = records(tmp_path / "out").values()
+    (item,) = rec["prompts"]
+    assert item["truncated_from"] > 4096 and item["prompt_tokens"] == 4096 - 4 - 1
+
+
+def test_a_long_phase_says_it_is_still_running():
+    from harness.measure import Heartbeat
+
+    heard = []
+    beat = Heartbeat(every_s=0.05)
+    beat.log = heard.append
+    beat.start("the calibration")
+    beat.beat(": a verify of 8 tokens")
+    assert heard == []  # not before every_s has passed
+    time.sleep(0.06)
+    beat.beat(": a verify of 8 tokens")
+    assert len(heard) == 1 and "still in the calibration: a verify of 8 tokens" in heard[0]
+
+
+@pytest.mark.parametrize("out_dir", ["/proc/spec-harness-x", "{file}/x"])
+def test_an_unusable_out_dir_is_one_line_naming_out_dir(tmp_path, out_dir):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    r = harness("arch=llama", "method=ngram", "bench=smoke", f"out_dir={out_dir.format(file=afile)}")
+    assert r.returncode == 2, r.stderr
+    (line,) = _errors(r.stderr)
+    assert line.startswith("error: out_dir=") and "Traceback" not in r.stderr and "HYDRA_FULL_ERROR" not in r.stderr
+
+
+@pytest.mark.parametrize("bad,names", [("bench.reps=abc", "bench.reps"), ("bench.categories=x", "bench.categories"),
+                                       ("method.block_size=[1", "cannot parse"),
+                                       ("hydra.run.dir=/proc/spec-harness-y", "hydra.run.dir")])
+def test_hydras_own_failures_are_one_line(tmp_path, bad, names):
+    r = harness("arch=llama", "method=ngram", "bench=smoke", f"out_dir={tmp_path}", bad)
+    assert r.returncode == 2, r.stderr
+    (line,) = _errors(r.stderr)
+    assert names in line and "Traceback" not in r.stderr and "HYDRA_FULL_ERROR" not in r.stderr
+
+
+def test_exit_codes_tell_error_and_unsupported_from_ok():
+    from harness.run import EXIT_CODES, exit_code, outcome_summary
+
+    ok, err = {"cell": "a", "status": "ok", "reason": None}, {"cell": "b", "status": "error", "reason": "Boom: x\ny"}
+    unsup = {"cell": "c", "status": "unsupported", "reason": "no drafter"}
+    assert exit_code([ok], sweep=False) == 0
+    assert exit_code([err], sweep=False) == EXIT_CODES["error"] == 3
+    assert exit_code([unsup], sweep=False) == EXIT_CODES["unsupported"] == 4
+    assert exit_code([ok, unsup], sweep=True) == 0  # an unsupported corner of a grid is an expected outcome
+    assert exit_code([ok, unsup, err], sweep=True) == 3
+    line = outcome_summary([ok, unsup, err])
+    assert line == "3 cell(s): 1 error, 1 ok, 1 unsupported; failed: b (Boom: x)"
+
+
+def test_a_single_unsupported_cell_exits_4_and_an_ok_one_0(tmp_path):
+    r = harness("arch=gemma4", "method=ngram", "kv=q8", *QUICK, f"out_dir={tmp_path}")  # shared-KV layers
+    assert r.returncode == 4, r.stderr
+    (rec,) = records(tmp_path).values()
+    assert rec["status"] == "unsupported"
+
+
+def _hold_device(release: threading.Event, held: threading.Event):
+    from harness.records import device_lock
+
+    with device_lock():
+        held.set()
+        release.wait(60)
+
+
+def test_a_wait_for_the_device_says_who_holds_it_and_times_out_cleanly(tmp_path):
+    release, held = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_device, args=(release, held))
+    holder.start()
+    try:
+        assert held.wait(30)
+        t0 = time.perf_counter()
+        r = harness("arch=llama", "method=ngram", *QUICK, "lock_timeout_s=2", f"out_dir={tmp_path}")
+        took = time.perf_counter() - t0
+    finally:
+        release.set()
+        holder.join()
+    assert r.returncode == 5, r.stderr
+    assert took < 60
+    assert f"waiting for the device: held by pid {os.getpid()}" in r.stderr
+    (line,) = _errors(r.stderr)
+    assert "lock_timeout_s" in line and f"pid {os.getpid()}" in line
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_the_test_suite_takes_its_own_device_lock_not_the_hosts():
+    import tempfile
+
+    from harness.records import device_lock_path
+
+    assert os.environ["SPEC_HARNESS_LOCK_DIR"] != tempfile.gettempdir()
+    assert device_lock_path().parent == __import__("pathlib").Path(os.environ["SPEC_HARNESS_LOCK_DIR"])
+
+
+def test_the_same_cell_launched_twice_at_once_is_measured_once(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = [sys.executable, "-m", "harness", "arch=llama", "method=ngram", *QUICK, f"out_dir={tmp_path}"]
+    procs = [subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    measured = [o[1] for o in outs if "-> ok" in o[1]]
+    skipped = [o[1] for o in outs if "already recorded" in o[1]]
+    assert len(measured) == 1 and len(skipped) == 1, [o[1] for o in outs]
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_a_sweep_leaves_no_claim_files(tmp_path):
+    r = harness("-m", "arch=llama", "method=base", "method.block_size=2,3", *QUICK, f"out_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    assert "same cell as an earlier job of this sweep" in r.stderr  # base ignores block_size: measured once
+    assert len(records(tmp_path)) == 1
+    assert not (tmp_path / ".claims").exists()
+    assert r.stderr.strip().splitlines()[-1] == "sweep: 1 cell(s): 1 ok"
+
+
+def test_report_names_a_corrupted_record_and_strict_fails_on_it(tmp_path):
+    r = harness("arch=llama", "method=ngram", *QUICK, f"out_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    (good,) = tmp_path.glob("*.json")
+    broken = tmp_path / "llama__cut-short.json"
+    broken.write_text(good.read_text()[:200])
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    rep = subprocess.run([sys.executable, "-m", "report", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                         env=env)
+    assert rep.returncode == 0, rep.stderr
+    assert f"warning: {broken} is not valid JSON" in rep.stderr
+    assert "llama__cut-short.json" in (tmp_path / "report.md").read_text().split("## Files not read")[1]
+    strict = subprocess.run([sys.executable, "-m", "report", "--strict", str(tmp_path)], cwd=REPO,
+                            capture_output=True, text=True, env=env)
+    assert strict.returncode == 1 and "1 file(s)" in strict.stderr
