@@ -208,3 +208,17 @@ def test_report_names_a_corrupted_record_and_strict_fails_on_it(tmp_path):
     strict = subprocess.run([sys.executable, "-m", "report", "--strict", str(tmp_path)], cwd=REPO,
                             capture_output=True, text=True, env=env)
     assert strict.returncode == 1 and "1 file(s)" in strict.stderr
+
+
+def test_a_single_cell_whose_target_fails_to_load_exits_3_with_an_error_record(tmp_path):
+    import shutil
+
+    from harness.fixtures import fixture_dir
+
+    broken = tmp_path / "broken"
+    shutil.copytree(fixture_dir("llama"), broken)
+    (broken / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{oops}")  # a cut-short header
+    r = harness("arch=llama", f"arch.model={broken}", "method=ngram", *QUICK, f"out_dir={tmp_path / 'out'}")
+    assert r.returncode == 3, r.stderr
+    (rec,) = records(tmp_path / "out").values()
+    assert rec["status"] == "error" and str(broken / "model.safetensors") in rec["reason"]
