@@ -123,7 +123,10 @@ def _scalar(kind: str, v) -> bool:
     if kind == "int":
         return isinstance(v, int) and not isinstance(v, bool)
     if kind == "number":
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        try:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        except OverflowError:  # an integer literal beyond any float
+            return False
     return isinstance(v, {"bool": bool, "str": str, "dict": dict}[kind])
 
 
@@ -204,6 +207,8 @@ def read_json(file: Path, error=DrafterError) -> dict:
         raise error(f"{file} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except RecursionError:
         raise error(f"{file} is not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # e.g. an integer literal past Python's digit limit
+        raise error(f"{file} is not readable JSON ({' '.join(str(e).split())[:120]})") from None
     if not isinstance(cfg, dict):
         raise error(f"{file} must hold a JSON object, got {type(cfg).__name__}")
     return cfg

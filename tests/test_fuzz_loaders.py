@@ -39,7 +39,7 @@ ABSURD = [0, -1, -7, 2 ** 31, 2 ** 40, 10 ** 15, 2 ** 63 - 1, 2 ** 64]
 WRONG = {  # for a field holding this JSON kind: values no loader may accept
     "int": ["eight", "", [1], {"a": 1}, True, False, 1.5, float("nan"), *ABSURD],
     "id": ["eight", [1], {"a": 1}, True, 1.5, float("nan"), -1, 2 ** 40, 2 ** 64],  # token ids: 0 is one
-    "float": ["x", [], {}, True, -1.0, 0, -0.5, float("nan"), float("inf"), float("-inf")],
+    "float": ["x", [], {}, True, -1.0, 0, -0.5, float("nan"), float("inf"), float("-inf"), -(10 ** 400)],
     "bool": ["yes", 1, 0, [], {}, "true"],
     "list": ["x", 5, {}, ["a"], [-3], [10 ** 12], [1.5], [None]],
     "dict": [[], "x", 5, True],
@@ -118,7 +118,11 @@ def _config_edit(rng: random.Random, layout: str, cfg: dict) -> tuple[str, bytes
         _get(cfg, section)[name] = rng.choice([1, "x", None, [], {"a": 1}, True])
         return f"extra {'.'.join(section + (name,))}", json.dumps(cfg).encode()
     raw = json.dumps(cfg).encode()
-    how = rng.choice(["cut", "cut", "binary", "array", "empty"])
+    how = rng.choice(["cut", "cut", "binary", "array", "empty", "digits", "deep"])
+    if how == "digits":  # an integer literal past Python's limit on digits
+        return "config.json with a 5000-digit number", raw[:-1] + b', "zz": ' + b"9" * 5000 + b"}"
+    if how == "deep":
+        return "config.json nested 100000 deep", raw[:-1] + b', "zz": ' + b"[" * 100000 + b"]" * 100000 + b"}"
     if how == "cut":
         at = rng.randrange(len(raw) - 1)
         return f"config.json cut at {at}", raw[:at]
