@@ -1,7 +1,6 @@
 """MTP: losslessness for K = 1..3 on the hybrid, speculative sampling's distribution, loading."""
 
 import importlib
-import json
 from types import SimpleNamespace
 
 import mlx.core as mx
