@@ -243,18 +243,10 @@ def test_fields_that_change_the_model_are_still_refused(target8, tmp_path, field
 
 # ---------------------------------------------------------------- typed fields
 
-def _dflash_fixture(tmp_path, edit):
-    dst = tmp_path / "dflash"
-    shutil.copytree(fixtures.drafter_dir("dflash", "llama"), dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    edit(cfg)
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
-
-
-def _eagle_fixture(tmp_path, edit):
-    dst = tmp_path / "eagle3"
-    shutil.copytree(fixtures.drafter_dir("eagle3", "llama"), dst)
+def _drafter_fixture(tmp_path, kind, edit):
+    # A copy of the llama fixture's `kind` drafter ("dflash" or "eagle3") with config.json edited.
+    dst = tmp_path / kind
+    shutil.copytree(fixtures.drafter_dir(kind, "llama"), dst)
     cfg = json.loads((dst / "config.json").read_text())
     edit(cfg)
     (dst / "config.json").write_text(json.dumps(cfg))
@@ -282,7 +274,7 @@ def _eagle_fixture(tmp_path, edit):
 ])
 def test_a_mistyped_drafter_field_is_refused_in_one_line_naming_the_file_and_the_field(models, tmp_path, loader,
                                                                                         edit, field, what):
-    path = (_dflash_fixture if loader == "dflash" else _eagle_fixture)(tmp_path, edit)
+    path = _drafter_fixture(tmp_path, loader, edit)
     with pytest.raises(DrafterError) as e:
         (load_drafter if loader == "dflash" else load_eagle3)(path, models["llama"][0])
     msg = str(e.value)
@@ -292,7 +284,7 @@ def test_a_mistyped_drafter_field_is_refused_in_one_line_naming_the_file_and_the
 
 @pytest.mark.parametrize("loader", ["dflash", "eagle3"])
 def test_a_drafter_config_that_is_not_json_names_the_file(models, tmp_path, loader):
-    path = (_dflash_fixture if loader == "dflash" else _eagle_fixture)(tmp_path, lambda c: None)
+    path = _drafter_fixture(tmp_path, loader, lambda c: None)
     (path / "config.json").write_text('{"hidden_size": 128,')
     with pytest.raises(DrafterError) as e:
         (load_drafter if loader == "dflash" else load_eagle3)(path, models["llama"][0])
@@ -300,7 +292,7 @@ def test_a_drafter_config_that_is_not_json_names_the_file(models, tmp_path, load
 
 
 def test_a_damaged_drafter_safetensors_header_names_the_file(models, tmp_path):
-    path = _dflash_fixture(tmp_path, lambda c: None)
+    path = _drafter_fixture(tmp_path, "dflash", lambda c: None)
     raw = (path / "model.safetensors").read_bytes()
     (path / "model.safetensors").write_bytes(raw[:8] + b"#" * 16 + raw[24:])
     with pytest.raises(DrafterError) as e:
