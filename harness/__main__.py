@@ -21,14 +21,20 @@ from omegaconf import DictConfig  # noqa: E402
 from harness.config import GROUPS, NESTED, OPTION_GROUPS, Config, ConfigError, conf_dir, group_options, register_configs
 
 
-def check_overrides(args: list[str]) -> None:
-    """Raise ConfigError for an unknown group option or key among command-line overrides."""
+def parse_overrides(args: list[str]) -> list:
+    """The command line's overrides as Hydra parses them (flags aside); ConfigError with
+    Hydra's first line where its grammar refuses one."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
-        overrides = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
-    except Exception:  # noqa: BLE001 -- malformed syntax: Hydra's own message is the useful one
-        return
+        return OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
+    except Exception as e:  # noqa: BLE001 -- Hydra's grammar errors: keep their first line
+        raise ConfigError(f"cannot parse the overrides: {_first_line(e)} (grammar: "
+                          "https://hydra.cc/docs/advanced/override_grammar/basic/)") from None
+
+
+def check_overrides(overrides: list) -> None:
+    """Raise ConfigError for an unknown group option or key among parsed command-line overrides."""
     top = {f.name for f in dataclasses.fields(Config)}
     sections = {**GROUPS, **NESTED}  # dataclasses whose fields a dotted key may name
     extra = _search_dirs(overrides)
@@ -63,19 +69,13 @@ def _search_dirs(overrides) -> list:
     return []
 
 
-def preflight(args: list[str]) -> None:
+def preflight(overrides: list) -> None:
     """Compose the config as the first job would (a sweep's first value per axis) and check
     out_dir can be written: ConfigError with Hydra's first line and the key it names."""
     from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    try:
-        parsed = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
-    except Exception as e:  # noqa: BLE001 -- Hydra's grammar errors: keep their first line
-        raise ConfigError(f"cannot parse the overrides: {_first_line(e)} (grammar: "
-                          "https://hydra.cc/docs/advanced/override_grammar/basic/)") from None
     first = [o.input_line if not o.is_sweep_override() else
-             f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" for o in parsed]
+             f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" for o in overrides]
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = compose(config_name="config", overrides=first, return_hydra_config=True)
@@ -153,9 +153,10 @@ def main() -> None:
     from harness.run import OUTCOMES, exit_code, outcome_summary
 
     try:
-        check_overrides(sys.argv[1:])
+        overrides = parse_overrides(sys.argv[1:])
+        check_overrides(overrides)
         register_configs()
-        preflight(sys.argv[1:])
+        preflight(overrides)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -10,9 +10,7 @@ verify sizes whatever the block size, and interpolates between them.
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 from harness.config import ConfigError
 
@@ -41,20 +39,6 @@ def interpolate(table: dict[int, float], t: int) -> float:
 def nearest_at_or_above(sizes: list[int], t: int) -> int:
     """The first timed size >= t (a keep count is charged at the next timed shape)."""
     return next(s for s in sizes if s >= t)
-
-
-def model_context(ckpt: Path) -> int | None:
-    """The positions the checkpoint was trained for (config.json's max_position_embeddings,
-    or its text_config's); None where the config does not say."""
-    try:
-        cfg = json.loads((Path(ckpt) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None  # the loader names a missing or broken config.json
-    for section in (cfg, cfg.get("text_config") or {}):
-        n = section.get("max_position_embeddings") if isinstance(section, dict) else None
-        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-            return n
-    return None
 
 
 def check_block(block_size: int | None, max_new_tokens: int) -> None:

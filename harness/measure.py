@@ -103,13 +103,14 @@ class Heartbeat:
         self.phase, self.since = phase, time.perf_counter()
         self.last = self.since
 
-    def beat(self, detail: str = "") -> None:
+    def beat(self, detail: str = "", *args) -> None:
+        # `detail % args` is formatted only when a line is due: beats sit in timed loops.
         if self.log is None:
             return
         now = time.perf_counter()
         if now - self.last >= self.every_s:
             self.last = now
-            self.log(f"  ... still in {self.phase}{detail}, {now - self.since:.0f}s so far")
+            self.log(f"  ... still in {self.phase}{detail % args}, {now - self.since:.0f}s so far")
 
 
 HEARTBEAT = Heartbeat()
@@ -129,7 +130,7 @@ def run_generation(engine: Engine, ids: list[int], max_new_tokens: int, sampler:
             gen.rounds.append(ev)
         if keep_scores and ev.scores is not None:
             gen.scores.append(ev.scores)
-        HEARTBEAT.beat(f": {len(gen.tokens)}/{max_new_tokens} tokens of a {engine.name} generation")
+        HEARTBEAT.beat(": %d/%d tokens of a %s generation", len(gen.tokens), max_new_tokens, engine.name)
     gen.decode_s = time.perf_counter() - t0 - gen.prefill_s
     mx.eval(engine.state())  # untimed: work an arm left in flight must not run inside the next arm's timing
     gen.peak_bytes, gen.cache_bytes = mx.get_peak_memory(), cache_nbytes(engine.caches())
@@ -185,7 +186,7 @@ def _margin(logits: mx.array, tokens: list[int], at: int) -> dict:
 
 def _timed_verify(target: Target, start: tuple, tokens: list[int], n_keep: int | None = None) -> float:
     # ms of one verify (and commit, when n_keep is given) from the cache at `start`, then back there.
-    HEARTBEAT.beat(f": a verify of {len(tokens)} tokens")
+    HEARTBEAT.beat(": a verify of %d tokens", len(tokens))
     t0 = time.perf_counter()
     logits = target.verify(tokens)
     if n_keep is not None:
@@ -206,7 +207,10 @@ def compare_rollbacks(like: Target, ids: list[int], block: int, accept_hist: lis
     counts = list(accept_hist or [])[:block] + [0] * block
     counts = counts[:block] if sum(counts[:block]) else [1] * block  # rounds per keep = accepted + 1
     keeps = verify_sizes(block)  # a bounded set of shapes, whatever the block; a keep counts at the next one
-    weights = [sum(c for k, c in enumerate(counts, 1) if nearest_at_or_above(keeps, k) == g) for g in keeps]
+    weights = dict.fromkeys(keeps, 0)
+    for keep, rounds in enumerate(counts, 1):
+        weights[nearest_at_or_above(keeps, keep)] += rounds
+    weights = list(weights.values())
     costs = {}
     for strategy in ROLLBACK_STRATEGIES:
         target = Target(like.model, kv=like.kv, rollback=strategy, kv_group_size=like.kv_group_size,

@@ -166,6 +166,13 @@ def check_target_config(ckpt: Path) -> dict:
     return cfg
 
 
+def model_context(ckpt: Path) -> int | None:
+    """The positions the checkpoint was trained for (config.json's max_position_embeddings,
+    or its text_config's, as check_target_config types them); None where the config does not say."""
+    cfg = check_target_config(ckpt)
+    return cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
+
+
 def read_target(ckpt: Path):
     """mlx_lm.load of `ckpt` after its config and every safetensors header are checked; any
     failure is a TargetError naming the file (or the checkpoint, where mlx-lm does not say)."""

@@ -187,10 +187,8 @@ def _json_default(x):
 
 
 def read_record(path: Path) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    """The record at `path`, or None where there is none (or it cannot be read as one)."""
+    return record_problem(path)[0]
 
 
 def record_problem(path: Path) -> tuple[dict | None, str | None]:

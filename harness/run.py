@@ -24,10 +24,9 @@ from harness.config import ConfigError, resolve_drafter, validate
 from harness.env import STREAM_PROBE, LoadMeter, blas_warning, environment, stream_rate
 from harness.measure import Arms, measure_cell
 from harness.gguf_import import conversion_record
-from harness.models import has_moe, load_target, model_dtype, resolve_model, weight_bytes
+from harness.models import has_moe, load_target, model_context, model_dtype, resolve_model, weight_bytes
 from harness.progress import PROGRESS
 from harness.prompts import load_suite, suite_sources
-from harness.bounds import model_context
 from harness.records import (SCHEMA_VERSION, LockTimeout, canonical_cell, cell_id, device_lock, multirun_id, read_record,
                              write_record)
 
@@ -50,18 +49,16 @@ def run_cell(cfg) -> Path | None:
     path = Path(cfg.out_dir) / f"{cid}.json"
     head = PROGRESS.begin_job()
     sweep = multirun_id()
-    if skip := _already_done(read_record(path), cfg.force, sweep, any(o["cell"] == cid for o in OUTCOMES)):
-        log(f"{head} skip {cid}: {skip}")
-        return _outcome(cid, read_record(path), path)
+    if _skipped(f"{head} skip", cid, path, cfg.force, sweep, any(o["cell"] == cid for o in OUTCOMES)):
+        return path
     turns = sum(len(p.turns) for p in prompts)
     log(f"{head} {cid}: {len(prompts)} prompts ({turns} turns), {cfg.bench.max_new_tokens} new tokens each")
     if warning := blas_warning(environment()):  # None unless the reference BLAS serves CPU matmuls
         log(warning)
     try:
         with device_lock(cfg.allow_shared_device, cfg.lock_timeout_s, log) as waited:
-            if skip := _already_done(read_record(path), cfg.force, sweep):  # another job may have run it meanwhile
-                log(f"  skip {cid}: {skip}")
-                return _outcome(cid, read_record(path), path)
+            if _skipped("  skip", cid, path, cfg.force, sweep):  # another job may have run it meanwhile
+                return path
             t0, started = time.perf_counter(), time.time()
             record = _measure(cfg, cell, cid, prompts, ckpt)
             record["multirun"] = sweep
@@ -85,11 +82,21 @@ class CellAborted(RuntimeError):
         self.code = code
 
 
+def _skipped(head: str, cid: str, path: Path, force: bool, sweep: int | None, seen_here: bool = False) -> bool:
+    """True (said and counted) when the cell's record at `path` means it need not run again."""
+    old = read_record(path)
+    skip = _already_done(old, force, sweep, seen_here)
+    if skip:
+        log(f"{head} {cid}: {skip}")
+        _outcome(cid, old, path)
+    return skip is not None
+
+
 def _already_done(old: dict | None, force: bool, sweep: int | None, seen_here: bool = False) -> str | None:
     """Why the cell need not run again, or None: already run by an earlier job of this very
     sweep (`seen_here`: in this process; else the record names this multirun), for jobs that
     differ only in an axis their method ignores; or recorded ok (unless force)."""
-    if not isinstance(old, dict) or "cell" not in old:
+    if old is None:
         return None  # no record (or a broken one): run
     if seen_here or (sweep is not None and old.get("multirun") == sweep):
         return f"same cell as an earlier job of this sweep ({old['cell']['method']['name']} ignores the axis that differs)"

@@ -1,7 +1,7 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from harness.__main__ import check_overrides
+from harness.__main__ import check_overrides, parse_overrides
 from harness.config import ConfigError, conf_dir, register_configs, validate
 from harness.records import canonical_cell, cell_id
 
@@ -52,5 +52,5 @@ def test_invalid_values_are_rejected_with_the_valid_ones(overrides, message):
 ])
 def test_unknown_options_and_keys_are_caught_before_hydra_runs(args, message):
     with pytest.raises(ConfigError, match=message):
-        check_overrides(args)
-    check_overrides(["method=ngram", "method.block_size=5", "+sweep=qwen35", "hydra.verbose=true"])
+        check_overrides(parse_overrides(args))
+    check_overrides(parse_overrides(["method=ngram", "method.block_size=5", "+sweep=qwen35", "hydra.verbose=true"]))
