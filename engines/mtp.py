@@ -11,6 +11,10 @@ the embedding of token t+1 (the layout of vLLM's qwen3_next_mtp):
 
 K > 1 chains the same layer: h' and the drafted token feed the next step.
 
+Dense full-attention targets (llama, qwen2, qwen3, mistral families) take the same head
+with their own decoder layer class: the form `python -m harness.train train=mtp` writes
+for them, as a drafter directory holding only the mtp.* tensors.
+
 One round, with the MTP cache covering the positions whose target hidden states it
 has seen: a first pass over the newly verified positions (one token each) drafts
 d1; K-1 chained steps draft d2..dK; verify [pending, d1..dK]; the chained steps'
@@ -44,26 +48,39 @@ NORMS = ("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weig
          "layers.0.self_attn.q_norm.weight", "layers.0.self_attn.k_norm.weight")
 
 
+QWEN_NEXT = ("qwen3_5", "qwen3_5_moe", "qwen3_next")  # hybrid targets whose releases ship mtp.*
+DENSE = ("llama", "qwen2", "qwen3", "mistral")  # full-attention decoders whose layer takes (args) alone
+
+
 def text_args(model: nn.Module):
-    """The qwen3_5 / qwen3_next TextModelArgs of a loaded target, or Unsupported."""
+    """The text ModelArgs of a target an MTP head can be built for, or Unsupported."""
     args = getattr(text_model(model), "args", None)
-    if getattr(model, "model_type", None) not in ("qwen3_5", "qwen3_5_moe", "qwen3_next") or args is None:
-        raise Unsupported(f"MTP needs a Qwen3.5 / Qwen3-Next target; this is {getattr(model, 'model_type', '?')}")
+    if getattr(model, "model_type", None) not in (*QWEN_NEXT, *DENSE) or args is None:
+        raise Unsupported(f"MTP needs a Qwen3.5 / Qwen3-Next or a dense full-attention target "
+                          f"({', '.join(DENSE)}); this is {getattr(model, 'model_type', '?')}")
     return args
+
+
+def _decoder_layer(model: nn.Module, args) -> nn.Module:
+    """One full-attention decoder layer of the target's own class and shape."""
+    layer_cls = type(decoder(model).layers[0])
+    if model.model_type in QWEN_NEXT:
+        layer = layer_cls(args, layer_idx=args.full_attention_interval - 1)
+        assert not layer.is_linear, "the MTP layer must be a full-attention layer"
+        return layer
+    return layer_cls(args)
 
 
 class MTPHead(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         args = text_args(model)
-        layer_cls = type(decoder(model).layers[0])  # the target's own decoder layer class
         h = args.hidden_size
         self.pre_fc_norm_embedding = nn.RMSNorm(h, eps=args.rms_norm_eps)
         self.pre_fc_norm_hidden = nn.RMSNorm(h, eps=args.rms_norm_eps)
         self.fc = nn.Linear(2 * h, h, bias=False)
-        self.layers = [layer_cls(args, layer_idx=args.full_attention_interval - 1)]
+        self.layers = [_decoder_layer(model, args)]
         self.norm = nn.RMSNorm(h, eps=args.rms_norm_eps)
-        assert not self.layers[0].is_linear, "the MTP layer must be a full-attention layer"
 
     def __call__(self, embeds: mx.array, hidden: mx.array, cache: KVCache | None = None) -> mx.array:
         """embeds, hidden: [1, T, H] (token t+1, target state at t) -> [1, T, H] after mtp.norm."""

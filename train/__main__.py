@@ -1,0 +1,134 @@
+"""`python -m harness.train train=eagle3|dflash|mtp arch.model=<target> [overrides]`.
+
+Loads the target, builds (or reuses) the self-distilled data, trains the drafter with
+checkpoints (a rerun of the same command resumes), and writes to `out`: the drafter in its
+published layout (config.json + model.safetensors), training.json (config, data hash,
+steps, wall time, final losses, held-out accuracy per position) and curves.png. The export
+is read back through the engine's own strict loader before the command reports success.
+
+Exit codes: 0 trained (or stopped on purpose, resumable), 2 bad input.
+"""
+
+from __future__ import annotations
+
+from harness import blas
+
+blas.select()  # before anything imports mlx (harness/blas.py)
+
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from harness.config import ConfigError, conf_dir  # noqa: E402
+from train.config import register, validate  # noqa: E402
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def objective_for(kind: str):
+    from train.dflash import DFlashObjective
+    from train.eagle3 import Eagle3Objective
+    from train.mtp import MTPObjective
+
+    return {"eagle3": Eagle3Objective, "dflash": DFlashObjective, "mtp": MTPObjective}[kind]
+
+
+def split_rows(rows, n_eval: int, seed: int):
+    """((train ids, prompt lens), (eval ids, prompt lens)): a seeded held-out split of rows."""
+    order = random.Random(seed).sample(range(len(rows.ids)), len(rows.ids))
+    pick = lambda idx: ([rows.ids[i] for i in idx], [rows.prompt_lens[i] for i in idx])
+    n_eval = min(n_eval, len(order) - 1)
+    return pick(order[n_eval:]), pick(order[:n_eval])
+
+
+def train(cfg) -> int:
+    """One training job; returns the exit code."""
+    import mlx.core as mx
+
+    from harness.env import environment
+    from harness.models import load_target, resolve_model
+    from train import data
+    from train.loop import fit, plot
+
+    validate(cfg)
+    t0 = time.perf_counter()
+    out = Path(cfg.out).expanduser()
+    ckpt = resolve_model(cfg.arch.model, cfg.arch.dtype, cfg.arch.gguf_dequantize, log)
+    target, tokenizer = load_target(ckpt, cfg.arch.dtype)
+    target.eval()
+    target.freeze()
+    rows, data_info = data.build(target, tokenizer, ckpt, cfg.data, Path(cfg.data.cache_dir or out / "data"), log)
+    train_rows, eval_rows = split_rows(rows, cfg.data.eval_rows, cfg.data.seed)
+    log(f"data: {len(train_rows[0])} training rows, {len(eval_rows[0])} held out, "
+        f"{rows.answer_tokens()} answer tokens")
+    obj = objective_for(cfg.train.kind)(target, tokenizer, cfg.train, *train_rows)
+    state, status = fit(obj, train_rows, eval_rows, cfg.train, out, log)
+    plot(state.history, out / "curves.png", f"{cfg.arch.name} {cfg.train.kind}")
+    if status == "stopped":
+        return 0
+    obj.export(obj.module, out, getattr(mx, cfg.train.save_dtype))
+    obj.load(out)  # the engine's strict loader reads back what was written, or this raises
+    record = {"kind": cfg.train.kind, "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+              "target": {"spec": cfg.arch.model, "checkpoint": str(ckpt), "dtype": cfg.arch.dtype},
+              "drafter": obj.describe(), "data": data_info, "steps": state.step, "resumed_from": state.resumed_from,
+              "train_seconds": round(state.elapsed_s, 1), "wall_seconds_this_run": round(time.perf_counter() - t0, 1),
+              "final": _final(state.history), "history": state.history,
+              "weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
+              "env": environment()}
+    tmp = out / ".training.json.tmp"
+    tmp.write_text(json.dumps(record, indent=1, default=str))
+    tmp.replace(out / "training.json")
+    log(f"train {cfg.train.kind}: wrote {out} (config.json, model.safetensors, training.json, curves.png)")
+    return 0
+
+
+def _final(history: list) -> dict:
+    last = lambda split: next((h for h in reversed(history) if h["split"] == split), None)
+    out = {}
+    for split in ("train", "eval"):
+        h = last(split)
+        if h:
+            out[split] = {"step": h["step"], "loss": round(h["loss"], 5), "acc": [round(a, 4) for a in h["acc"]]}
+    return out
+
+
+@hydra.main(version_base=None, config_path=str(conf_dir()), config_name="training")
+def _hydra_main(cfg: DictConfig) -> None:
+    from engines.base import DrafterError, Unsupported
+    from harness.models import TargetError
+
+    try:
+        code = train(OmegaConf.to_object(cfg))
+    except (ConfigError, DrafterError, TargetError, Unsupported) as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
+
+
+def main() -> None:
+    from hydra import compose, initialize_config_dir
+
+    register()
+    args = [a for a in sys.argv[1:] if not a.startswith("-")]
+    try:  # compose once up front: a typo or a wrong type is one line and exit 2, not Hydra's traceback
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            compose(config_name="training", overrides=args)
+    except Exception as e:  # noqa: BLE001 -- Hydra's composition errors: keep the first line
+        cause = e.__cause__ or e
+        key = getattr(cause, "full_key", None)
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        print(f"error: {key + ': ' if key else ''}{first}", file=sys.stderr)
+        sys.exit(2)
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

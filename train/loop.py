@@ -1,0 +1,224 @@
+"""The training loop every objective shares: AdamW with warmup + cosine decay, gradient
+clipping, progress with ETA, held-out per-position accuracy, curves, and checkpoints that
+make a killed run resume where its last checkpoint left it.
+
+Resumption is exact: a step's rows and its random draws (DFlash anchors) are functions of
+(seed, step), and a checkpoint holds the weights, the optimizer state (AdamW moments and
+step), the history and the elapsed time; an interrupted run resumed reaches bitwise the
+weights of an uninterrupted one. Checkpoints are written to a temp dir and renamed, so a
+kill mid-write leaves the previous one intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten, tree_unflatten
+
+KEEP = 2  # checkpoints kept
+
+
+@dataclass
+class State:
+    step: int = 0
+    elapsed_s: float = 0.0  # training time across every run of this job
+    history: list = field(default_factory=list)  # {"step", "split": train|eval, "loss", "acc": [P], "lr"}
+    resumed_from: list = field(default_factory=list)  # steps earlier runs stopped at
+
+
+def schedule(cfg):
+    warm = int(cfg.steps * cfg.warmup_ratio)
+    decay = optim.cosine_decay(cfg.lr, max(1, cfg.steps - warm), cfg.lr * cfg.min_lr_ratio)
+    if warm == 0:
+        return decay
+    return optim.join_schedules([optim.linear_schedule(cfg.lr / 100, cfg.lr, warm), decay], [warm])
+
+
+class Batches:
+    """Rows of step s: an epoch-wise seeded permutation, so any step's rows are known up front."""
+
+    def __init__(self, rows, prompt_lens, batch: int, seed: int):
+        self.rows, self.plens, self.batch, self.seed, self._perm = rows, prompt_lens, batch, seed, {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._perm:
+            self._perm = {epoch: random.Random(self.seed * 7919 + epoch).sample(range(len(self.rows)), len(self.rows))}
+        return self._perm[epoch]
+
+    def at(self, step: int):
+        n = len(self.rows)
+        idx = [self._order(g // n)[g % n] for g in range(step * self.batch, (step + 1) * self.batch)]
+        return [self.rows[i] for i in idx], [self.plens[i] for i in idx]
+
+
+def fit(obj, train_rows, eval_rows, cfg, out: Path, log) -> tuple[State, str]:
+    """Train obj.module for cfg.steps (resuming from out/ckpt); returns (state, "done" | "stopped")."""
+    module, ckdir = obj.module, out / "ckpt"
+    opt = optim.AdamW(learning_rate=schedule(cfg), betas=[0.9, 0.95], weight_decay=cfg.weight_decay)
+    state = restore(ckdir, module, opt, log)
+    batches = Batches(*train_rows, cfg.batch, cfg.seed)
+    step_fn = nn.value_and_grad(module, obj.loss)
+    stop = _stop_on_signal()
+    t0, last_ckpt, window = time.perf_counter(), time.perf_counter(), []
+    start_step, start_elapsed = state.step, state.elapsed_s
+    while state.step < cfg.steps:
+        b = obj.batch(*batches.at(state.step), random.Random(cfg.seed * 1_000_003 + state.step))
+        (loss, metrics), grads = step_fn(module, b)
+        grads, _ = optim.clip_grad_norm(grads, cfg.grad_clip)
+        opt.update(module, grads)
+        mx.eval(module.parameters(), opt.state, loss, metrics)
+        state.step += 1
+        state.elapsed_s = start_elapsed + time.perf_counter() - t0
+        window.append((loss.item(), metrics["acc"].tolist()))
+        if state.step % cfg.log_every == 0 or state.step == cfg.steps:
+            _log_train(state, window, opt, cfg, start_step, start_elapsed, obj.kind, log)
+            window = []
+        if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
+            _log_eval(state, obj, eval_rows, cfg, log)
+        why = _stop_reason(state, cfg, stop, start_elapsed)
+        if why or state.step % cfg.ckpt_every_steps == 0 or time.perf_counter() - last_ckpt > cfg.ckpt_every_s:
+            save(ckdir, module, opt, state)
+            last_ckpt = time.perf_counter()
+        if why:
+            log(f"train {obj.kind}: stopped at step {state.step}/{cfg.steps} ({why}); rerun the same command to resume")
+            return state, "stopped"
+    if not (ckdir / _name(state.step)).exists():
+        save(ckdir, module, opt, state)
+    return state, "done"
+
+
+def _stop_reason(state: State, cfg, stop: dict, start_elapsed: float) -> str | None:
+    if stop["signal"]:
+        return f"signal {stop['signal']}"
+    if cfg.stop_after is not None and state.step >= cfg.stop_after and state.step < cfg.steps:
+        return f"train.stop_after={cfg.stop_after}"
+    if cfg.max_seconds is not None and state.elapsed_s - start_elapsed >= cfg.max_seconds and state.step < cfg.steps:
+        return f"train.max_seconds={cfg.max_seconds:g} of training in this run"
+    return None
+
+
+def _stop_on_signal() -> dict:
+    """SIGTERM / SIGINT finish the step, checkpoint and stop (a second one kills at once)."""
+    flag = {"signal": None}
+
+    def handler(signum, frame):
+        if flag["signal"]:
+            raise KeyboardInterrupt
+        flag["signal"] = signal.Signals(signum).name
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+    return flag
+
+
+def _log_train(state, window, opt, cfg, start_step, start_elapsed, kind, log) -> None:
+    loss = sum(w[0] for w in window) / len(window)
+    acc = [sum(w[1][i] for w in window) / len(window) for i in range(len(window[0][1]))]
+    lr = float(opt.learning_rate.item()) if isinstance(opt.learning_rate, mx.array) else float(opt.learning_rate)
+    state.history.append({"step": state.step, "split": "train", "loss": loss, "acc": acc, "lr": lr})
+    rate = (state.step - start_step) / max(state.elapsed_s - start_elapsed, 1e-9)
+    eta = (cfg.steps - state.step) / max(rate, 1e-9)
+    log(f"train {kind}: step {state.step}/{cfg.steps} loss {loss:.4f} acc {_fmt(acc)} lr {lr:.2e} "
+        f"{rate:.2f} step/s eta {_duration(eta)}")
+
+
+def _log_eval(state, obj, eval_rows, cfg, log) -> None:
+    rows, plens = eval_rows
+    if not rows:
+        return
+    total, accs, n = 0.0, None, 0.0
+    for i in range(0, len(rows), cfg.batch):
+        b = obj.batch(rows[i:i + cfg.batch], plens[i:i + cfg.batch], random.Random(cfg.seed + i))
+        loss, m = obj.loss(obj.module, b)
+        w = float(m["n"].item())
+        total += loss.item() * w
+        accs = m["acc"] * w if accs is None else accs + m["acc"] * w
+        n += w
+    acc = (accs / max(n, 1e-9)).tolist()
+    state.history.append({"step": state.step, "split": "eval", "loss": total / max(n, 1e-9), "acc": acc})
+    log(f"eval {obj.kind}: step {state.step} loss {total / max(n, 1e-9):.4f} acc {_fmt(acc)} (held-out rows)")
+
+
+def _fmt(acc: list[float]) -> str:
+    return "[" + " ".join(f"{a:.2f}" for a in acc[:8]) + (" ..." if len(acc) > 8 else "") + "]"
+
+
+def _duration(s: float) -> str:
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m" if s >= 3600 else f"{int(s // 60)}m{int(s % 60):02d}s"
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def _name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def save(ckdir: Path, module, opt, state: State) -> Path:
+    """Weights, optimizer state and loop state of `state.step`, atomically; older ones pruned."""
+    ckdir.mkdir(parents=True, exist_ok=True)
+    tmp = ckdir / f".tmp-{_name(state.step)}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    mx.save_safetensors(str(tmp / "weights.safetensors"), dict(tree_flatten(module.parameters())))
+    mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
+    (tmp / "state.json").write_text(json.dumps(state.__dict__))
+    final = ckdir / _name(state.step)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    for old in sorted(p for p in ckdir.iterdir() if p.name.startswith("step-"))[:-KEEP]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def restore(ckdir: Path, module, opt, log) -> State:
+    """The newest complete checkpoint loaded into module and opt, or a fresh State."""
+    done = sorted(p for p in ckdir.glob("step-*") if (p / "state.json").exists()) if ckdir.is_dir() else []
+    if not done:
+        return State()
+    last = done[-1]
+    module.load_weights(list(mx.load(str(last / "weights.safetensors")).items()))
+    opt.state = tree_unflatten(list(mx.load(str(last / "optimizer.safetensors")).items()))
+    state = State(**json.loads((last / "state.json").read_text()))
+    state.resumed_from.append(state.step)
+    mx.eval(module.parameters(), opt.state)
+    log(f"train: resumed from {last} (step {state.step}, {state.elapsed_s:.0f} s trained so far)")
+    return state
+
+
+# ---------------------------------------------------------------- curves
+
+def plot(history: list, path: Path, title: str) -> None:
+    """Loss (train, held-out) and held-out accuracy per draft position against step, as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for split, style in (("train", "-"), ("eval", "o-")):
+        pts = [(h["step"], h["loss"]) for h in history if h["split"] == split]
+        if pts:
+            ax1.plot(*zip(*pts), style, label=split, markersize=3)
+    ax1.set(xlabel="step", ylabel="loss", title=f"{title}: loss")
+    ax1.legend()
+    evals = [h for h in history if h["split"] == "eval"] or [h for h in history if h["split"] == "train"]
+    for k in range(len(evals[0]["acc"]) if evals else 0):
+        ax2.plot([h["step"] for h in evals], [h["acc"][k] for h in evals], "o-", markersize=3, label=f"pos {k + 1}")
+    ax2.set(xlabel="step", ylabel="accuracy (argmax = target's)", ylim=(0, 1), title="held-out accuracy per position")
+    if evals:
+        ax2.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)

@@ -1,0 +1,101 @@
+"""What every drafter objective shares: the frozen target's pass over a batch, padding, and
+the interface train/loop.py drives (a trainable module, a loss with per-position accuracy,
+an export the harness's loader reads back)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engines.hidden import capture_hidden, hidden_size, num_layers, text_model, vocab_size
+
+
+class Objective:
+    """One drafting method's training objective over a frozen target.
+
+    `module` is the trainable drafter (float32). `batch(rows, rng)` builds the step's inputs,
+    running the target once (no gradient); `loss(module, batch)` returns (loss, metrics)
+    where metrics["acc"] is [P] accuracy per draft position and metrics["n"] the positions
+    counted. `export(module, out, dtype)` writes the drafter in its published layout and
+    `load(out)` reads it back through the engine's own strict loader."""
+
+    kind = ""
+    positions = 1  # draft positions the accuracy curve covers
+
+    def __init__(self, target: nn.Module, tokenizer, cfg):
+        self.target, self.tokenizer, self.cfg = target, tokenizer, cfg
+        self.n_layers, self.hidden, self.vocab = num_layers(target), hidden_size(target), vocab_size(target)
+        self.args = text_model(target).args
+
+    def arg(self, name: str, default=None):
+        value = getattr(self.args, name, None)
+        return default if value is None else value
+
+    def head_dim(self) -> int:
+        return self.arg("head_dim") or self.hidden // self.args.num_attention_heads
+
+    def capture(self, ids: mx.array, layer_ids: tuple[int, ...]) -> tuple[list[mx.array], mx.array]:
+        """The target's outputs of `layer_ids` ([B, T, H] each) and its logits [B, T, V], no gradient."""
+        with capture_hidden(self.target, layer_ids) as sink:
+            logits = self.target(ids)
+        return [mx.stop_gradient(h.astype(mx.float32)) for h in sink], mx.stop_gradient(logits.astype(mx.float32))
+
+    def batch(self, rows: list[list[int]], prompt_lens: list[int], rng: random.Random) -> dict:
+        raise NotImplementedError
+
+    def loss(self, module: nn.Module, batch: dict):
+        raise NotImplementedError
+
+    def export(self, module: nn.Module, out: Path, dtype) -> None:
+        raise NotImplementedError
+
+    def load(self, out: Path) -> nn.Module:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        """The drafter's shape for the training record."""
+        return {}
+
+
+def pad(rows: list[list[int]], prompt_lens: list[int]) -> tuple[mx.array, mx.array]:
+    """ids [B, T] (right-padded with 0) and the answer mask [B, T] (1 on answer tokens)."""
+    T = max(len(r) for r in rows)
+    ids = mx.array([r + [0] * (T - len(r)) for r in rows], dtype=mx.int32)
+    ans = mx.array([[p <= t < len(r) for t in range(T)] for r, p in zip(rows, prompt_lens)], dtype=mx.float32)
+    return ids, ans
+
+
+def shift(x: mx.array, k: int, fill=0) -> mx.array:
+    """x[:, k:] right-padded back to x's length along axis 1 (position i holds i + k)."""
+    if k == 0:
+        return x
+    tail = mx.full((x.shape[0], k, *x.shape[2:]), fill, dtype=x.dtype)
+    return mx.concatenate([x[:, k:], tail], axis=1)
+
+
+def soft_ce(logq: mx.array, p: mx.array) -> mx.array:
+    """Cross-entropy of log-probabilities [..., V] against a teacher distribution [..., V] -> [...]."""
+    return -(p * logq).sum(axis=-1)
+
+
+def weighted_mean(x: mx.array, w: mx.array) -> mx.array:
+    return (x * w).sum() / mx.maximum(w.sum(), 1e-9)
+
+
+def target_head_rows(target: nn.Module, ids: mx.array) -> mx.array:
+    """Rows `ids` of the target's output head as a [len(ids), H] float32 matrix (any head:
+    tied, untied or quantized), read by applying the head to the identity."""
+    from engines.hidden import lm_head
+
+    h = hidden_size(target)
+    cols = lm_head(target, mx.eye(h, dtype=mx.float32).astype(_dtype(target)), softcap=False)  # [H, V]
+    return cols.T[ids].astype(mx.float32)
+
+
+def _dtype(target):
+    from engines.hidden import activation_dtype
+
+    return activation_dtype(target)
