@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from engines.base import DrafterError
 
@@ -283,15 +284,40 @@ def check_rope(theta: float, scaling: dict | None, dims: int, max_positions: int
                            f"got {shown(scaling)}") from None
 
 
-def check_tensors(weights: dict, expected: dict[str, tuple], what: str, path: Path) -> None:
-    """Every expected tensor present with its shape and a floating-point dtype, or DrafterError
-    naming the first that is not (and the checkpoint)."""
+_QUANT = {"group_size": Field("int", ge=16, le=1024), "bits": Field("int", ge=2, le=8)}
+
+
+def quantize_like(module: nn.Module, weights: dict, config: dict, where) -> frozenset:
+    """Make the linear layers that `weights` stores quantized (mlx-lm's layout: a packed uint32
+    weight with scales and biases, config.json `quantization: {group_size, bits}`) quantized in
+    `module` too, so the strict shape check reads them; returns the packed weights' names.
+    DrafterError where the tensors and config.json disagree."""
+    packed = {k[: -len(".scales")] for k in weights if k.endswith(".scales")}
+    q = config.get("quantization")
+    if not packed and q is None:
+        return frozenset()
+    if not isinstance(q, dict):
+        raise DrafterError(f"{where}: tensors such as {sorted(packed)[0]}.scales are quantized, but config.json has no "
+                           "quantization: {group_size, bits} (mlx-lm's field) to read them with")
+    q = read_fields(q, _QUANT, where, "quantization.")
+    nn.quantize(module, q["group_size"], q["bits"], class_predicate=lambda p, m: p in packed and hasattr(m, "to_quantized"))
+    return frozenset(f"{p}.weight" for p in packed)
+
+
+def check_tensors(weights: dict, expected: dict[str, tuple], what: str, path: Path, packed=frozenset()) -> None:
+    """Every expected tensor present with its shape and a floating-point dtype (uint32 for the
+    `packed` weights of quantized layers), or DrafterError naming the first that is not."""
     for name, shape in expected.items():
         if name not in weights:
             raise DrafterError(f"{what} tensor {name} is missing from {path}")
         w = weights[name]
         if tuple(w.shape) != tuple(shape):
             raise DrafterError(f"{path}: {what} tensor {name} has shape {tuple(w.shape)}, config says {tuple(shape)}")
+        if name in packed:
+            if w.dtype != mx.uint32:
+                raise DrafterError(f"{path}: {what} tensor {name} is {str(w.dtype).split('.')[-1]}, not a packed uint32 "
+                                   "quantized weight")
+            continue
         if not mx.issubdtype(w.dtype, mx.floating):
             raise DrafterError(f"{path}: {what} tensor {name} is {str(w.dtype).split('.')[-1]}, not a floating-point "
                                "weight")

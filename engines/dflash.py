@@ -33,7 +33,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from engines.base import Draft, DrafterError, Engine, register
 from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, ROPE_FIELDS, SLIDING_FIELDS,
-                                Field, check_rope, check_tensors, attention_types, read_config, read_fields, read_tensors,
+                                Field, check_rope, check_tensors, attention_types, quantize_like, read_config, read_fields, read_tensors,
                                 refuse_unknown, refuse_unknown_fields, rope_settings, write_checkpoint)
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
@@ -42,7 +42,8 @@ from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_la
 # Every config.json field this loader reads, with its type and range (engines/checkpoint.py);
 # fields that are bookkeeping pass (checkpoint.BOOKKEEPING, plus the two below), the DFlash2
 # fields (conv + candidate selector) are refused, and so is anything else.
-_METADATA = {"model_type", "tie_word_embeddings"}  # z-lab's layers are Qwen3's; the head is the target's
+_METADATA = {"model_type", "tie_word_embeddings", "quantization"}  # z-lab's layers are Qwen3's; the head is the
+#                                                                    target's; quantization: checkpoint.quantize_like
 _FIELDS = {"hidden_size": Field("int", ge=1, le=MAX_WIDTH), "num_hidden_layers": Field("int", ge=1, le=MAX_LAYERS),
            "num_attention_heads": Field("int", ge=1, le=MAX_HEADS),
            "num_key_value_heads": Field("int", ge=1, le=MAX_HEADS), "head_dim": Field("int", ge=1, le=MAX_WIDTH),
@@ -302,7 +303,8 @@ def load_drafter(path: Path, target_model: nn.Module) -> DFlashDrafter:
     """Load and validate a z-lab DFlash drafter for `target_model`; DrafterError naming the file."""
     path = Path(path)
     where = path / "config.json"
-    cfg = DFlashConfig.from_json(read_config(path, "a DFlash drafter"), str(where))
+    raw = read_config(path, "a DFlash drafter")
+    cfg = DFlashConfig.from_json(raw, str(where))
     n_target, h_target = num_layers(target_model), hidden_size(target_model)
     vocab = vocab_size(target_model)
     bad = [i for i in cfg.target_layer_ids if not 0 <= i < n_target]
@@ -317,8 +319,9 @@ def load_drafter(path: Path, target_model: nn.Module) -> DFlashDrafter:
                            f"(0..{vocab - 1})")
     weights = read_tensors(path, lambda k: k.removeprefix("model."))
     drafter = DFlashDrafter(cfg)
+    packed = quantize_like(drafter, weights, raw, where)
     expected = {k: tuple(v.shape) for k, v in tree_flatten(drafter.parameters())}  # every z-lab tensor
-    check_tensors(weights, expected, "drafter", path)
+    check_tensors(weights, expected, "drafter", path, packed)
     # a copy of the target's embedding or head is redundant (the drafter uses the target's own),
     # but it must still be the target's shape: anything else is a damaged or foreign checkpoint
     copies = {k: (vocab, h_target) for k in ("embed_tokens.weight", "lm_head.weight") if k in weights}

@@ -52,7 +52,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 from engines.base import Draft, DrafterError, Engine, register
 from engines.cache import trim_attention
 from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, ROPE_FIELDS, SLIDING_FIELDS,
-                                Field, attention_types, check_rope, check_tensors, read_config, read_fields,
+                                Field, attention_types, check_rope, check_tensors, quantize_like, read_config, read_fields,
                                 read_tensors, refuse_unknown, refuse_unknown_fields, rope_settings, write_checkpoint)
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
@@ -61,7 +61,7 @@ LAYER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "inte
               "max_position_embeddings", "vocab_size")
 # Every config.json field this loader reads, with its type and range (engines/checkpoint.py);
 # bookkeeping passes (checkpoint.BOOKKEEPING, plus the few below), anything else is refused.
-_METADATA = {"tie_word_embeddings", "embed_requires_grad", "bias"}  # the head is a tensor or the target's; training flags
+_METADATA = {"tie_word_embeddings", "embed_requires_grad", "bias", "quantization"}  # quantization: quantize_like  # the head is a tensor or the target's; training flags
 _LAYER_FIELDS = {"hidden_size": Field("int", ge=1, le=MAX_WIDTH), "num_attention_heads": Field("int", ge=1, le=MAX_HEADS),
                  "num_key_value_heads": Field("int", ge=1, le=MAX_HEADS),
                  "intermediate_size": Field("int", ge=1, le=MAX_WIDTH), "rms_norm_eps": Field("number", gt=0, le=1),
@@ -330,7 +330,8 @@ def load_eagle3(path: Path, target: nn.Module) -> Eagle3Drafter:
     """Load and validate an EAGLE-3 drafter (speculators or SafeAILab layout); DrafterError on any mismatch."""
     path = Path(path)
     where = path / "config.json"
-    c = Eagle3Config.from_json(read_config(path, "an EAGLE-3 drafter"), str(where))
+    raw = read_config(path, "an EAGLE-3 drafter")
+    c = Eagle3Config.from_json(raw, str(where))
     n, h, vocab = num_layers(target), hidden_size(target), vocab_size(target)
     weights = read_tensors(path, _rename)
     _check_shapes(c, weights, n, h, vocab, where)
@@ -341,15 +342,17 @@ def load_eagle3(path: Path, target: nn.Module) -> Eagle3Drafter:
         raise DrafterError(f"{path}: lm_head.weight is missing and the draft vocabulary ({c.draft_vocab_size}) is not "
                            f"the target's ({vocab}), so the target's head cannot stand in")
     drafter = Eagle3Drafter(c, own_embedding="embed_tokens.weight" in weights, own_head=own_head)
+    packed = quantize_like(drafter, weights, raw, where)
     expected = {k: tuple(v.shape) for k, v in tree_flatten(drafter.parameters()) if k != "d2t"}
-    check_tensors(weights, expected, "EAGLE-3", path)
+    check_tensors(weights, expected, "EAGLE-3", path, packed)
     if "t2d" in weights and tuple(weights["t2d"].shape) != (vocab,):  # unused (d2t maps), but a damaged one is damage
         raise DrafterError(f"{path}: t2d has shape {tuple(weights['t2d'].shape)}, the target vocabulary is {vocab}")
     refuse_unknown(weights, {*expected, "d2t", "t2d"}, "tensor(s)", path,
                    "this drafter has parts the engine would not run; use an EAGLE-3 checkpoint in a supported layout")
     d2t = _draft_to_target(c, weights, vocab, path)
     dtype = activation_dtype(target)
-    drafter.load_weights([("d2t", d2t), *((k, weights[k].astype(dtype)) for k in expected)])
+    cast = lambda w: w.astype(dtype) if mx.issubdtype(w.dtype, mx.floating) else w  # packed weights stay uint32
+    drafter.load_weights([("d2t", d2t), *((k, cast(weights[k])) for k in expected)])
     drafter.eval()
     mx.eval(drafter.parameters())
     return drafter
@@ -366,7 +369,7 @@ def _check_shapes(c: Eagle3Config, weights: dict, n: int, h: int, vocab: int, wh
     if c.target_hidden_size != h:
         raise DrafterError(f"{where}: target_hidden_size {c.target_hidden_size} != target hidden size {h}")
     fc = weights.get("fc.weight")
-    if fc is not None and fc.shape[-1] != len(ids) * c.target_hidden_size:
+    if fc is not None and "fc.scales" not in weights and fc.shape[-1] != len(ids) * c.target_hidden_size:  # packed: checked after quantize_like
         raise DrafterError(f"{where}: fc.weight takes {fc.shape[-1]} inputs, but {len(ids)} aux layers x target hidden "
                            f"{c.target_hidden_size} = {len(ids) * c.target_hidden_size}: set "
                            "eagle_aux_hidden_state_layer_ids to the layers this drafter was trained on")

@@ -39,7 +39,7 @@ from mlx_lm.models.cache import KVCache
 
 from engines.base import Draft, DrafterError, Engine, Unsupported, register
 from engines.cache import trim_attention
-from engines.checkpoint import check_tensors, load_safetensors
+from engines.checkpoint import check_tensors, load_safetensors, quantize_like, read_json
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, decoder, embed, final_norm, lm_head, num_layers, text_model
 
@@ -125,8 +125,11 @@ def load_mtp(path: Path, model: nn.Module) -> MTPHead:
         raise DrafterError(f"{path} has no mtp.* tensors: this checkpoint carries no MTP head "
                            "(mlx-lm conversions drop it; use the original Hugging Face checkpoint)")
     mtp = _stack_experts(mtp)
+    config = read_json(Path(path) / "config.json") if (Path(path) / "config.json").is_file() else {}
+    packed = quantize_like(head, mtp, config if any(k.endswith(".scales") for k in mtp) else {}, Path(path) / "config.json")
     expected = {k: tuple(v.shape) for k, v in tree_flatten(head.parameters())}
-    check_tensors({f"mtp.{k}": v for k, v in mtp.items()}, {f"mtp.{k}": v for k, v in expected.items()}, "MTP", path)
+    check_tensors({f"mtp.{k}": v for k, v in mtp.items()}, {f"mtp.{k}": v for k, v in expected.items()}, "MTP", path,
+                  frozenset(f"mtp.{k}" for k in packed))
     if hf_form:
         mtp.update({k: mtp[k] + 1.0 for k in NORMS if k in mtp})  # Gemma-style (1 + w) RMSNorm
     dtype = activation_dtype(model)

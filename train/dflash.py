@@ -31,11 +31,11 @@ def spread_layer_ids(n_target: int, n: int) -> list[int]:
 
 def pick_mask_token(tokenizer, vocab: int) -> int:
     """A row of the target's embedding no text uses where there is one (the first id past the
-    tokenizer's), else the tokenizer's pad / unk token, else 0."""
+    tokenizer's), else the tokenizer's unk / pad token, else 0."""
     n = len(tokenizer._tokenizer) if hasattr(tokenizer, "_tokenizer") else vocab
     if n < vocab:
         return n
-    for name in ("pad_token_id", "unk_token_id"):
+    for name in ("unk_token_id", "pad_token_id"):
         value = getattr(tokenizer, name, None)
         if isinstance(value, int) and 0 <= value < vocab:
             return value
