@@ -182,7 +182,7 @@ def build(model, tokenizer, ckpt: Path, cfg, cache: Path, log) -> tuple[Rows, di
     """The rows (generating what the cache lacks) and the data part of the training record."""
     source = str(Path(cfg.prompts).resolve()) if cfg.prompts else "magpie"
     if cfg.prompts:
-        source += ":" + hashlib.sha256(Path(cfg.prompts).read_bytes()).hexdigest()[:16]
+        source += ":" + hashlib.sha256("\n".join(read_prompt_file(Path(cfg.prompts))).encode()).hexdigest()[:16]
     want = manifest(ckpt, tokenizer, cfg, source)
     cache.mkdir(parents=True, exist_ok=True)
     have = json.loads((cache / "manifest.json").read_text()) if (cache / "manifest.json").exists() else None

@@ -1,0 +1,221 @@
+"""Drafter training (train/, `python -m harness.train`): each objective lowers its loss on a
+fixture target, the drafter it writes loads through the engine's strict loader and runs
+losslessly, a stopped or killed run resumes, and training prompts never overlap evaluation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from harness.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["data.n_prompts=10", "data.batch=5", "data.max_new_tokens=24", "data.eval_rows=2", "train.batch=4",
+         "train.log_every=5", "train.eval_every=10", "train.lr=2e-3", "train.ttt_length=3",
+         "train.draft_vocab_size=256", "train.num_anchors=4", "train.block_size=4", "train.intermediate_size=64"]
+ENGINE = {"eagle3": "eagle3", "dflash": "dflash_a", "mtp": "mtp"}
+
+
+def run(module: str, *args, timeout=900):
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.fixture(scope="module")
+def data_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("train-data")  # one self-distilled set per arch, shared by the tests
+
+
+def _lossless_cell(arch: str, kind: str, drafter: Path, out: Path) -> dict:
+    r = run("harness", f"arch={arch}", f"method={ENGINE[kind]}", f"method.drafter={drafter}", "bench=smoke",
+            "bench.max_prompts=2", "bench.max_new_tokens=16", f"out_dir={out}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (rec,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    return rec
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen35"])
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "mtp"])
+def test_training_lowers_the_loss_and_the_drafter_runs_losslessly(arch, kind, tmp_path, data_cache):
+    out = tmp_path / kind
+    r = run("harness.train", f"train={kind}", f"arch={arch}", f"out={out}", f"data.cache_dir={data_cache / arch}",
+            "train.steps=30", *SMALL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = json.loads((out / "training.json").read_text())
+    losses = [h["loss"] for h in rec["history"] if h["split"] == "train"]
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert rec["steps"] == 30 and rec["data"]["sha256"] and (out / "curves.png").stat().st_size > 1000
+    assert "step 30/30" in r.stderr and "eta" in r.stderr  # progress with ETA
+    cell = _lossless_cell(arch, kind, out, tmp_path / "cell")
+    assert cell["status"] == "ok" and cell["summary"]["diverged_prompts"] == 0, cell.get("reason")
+
+
+def test_eagle3_draft_vocabulary_is_the_most_frequent_answer_tokens_and_round_trips(tmp_path, data_cache):
+    from engines.eagle3 import load_eagle3
+    from harness.models import load_target, resolve_model
+    from train.eagle3 import draft_vocab
+
+    out = tmp_path / "e3"
+    r = run("harness.train", "train=eagle3", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'llama'}",
+            "train.steps=2", *SMALL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    model, _ = load_target(resolve_model("fixture:llama"), "float32")
+    drafter = load_eagle3(out, model)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # distinct on a 4-layer target
+    rows = [json.loads(line) for f in sorted((data_cache / "llama").glob("shard-*.jsonl"))
+            for line in f.read_text().splitlines()]
+    answers = [t for row in rows for t in row["answer_ids"]]
+    top = max(set(answers), key=answers.count)
+    mapped = drafter.to_target(mx.arange(cfg["draft_vocab_size"])).tolist()
+    assert top in mapped and mapped == sorted(mapped)
+    assert draft_vocab([[5, 1, 1, 2]], [1], vocab=10, size=3).tolist() == [0, 1, 2]  # 1 and 2 seen; 0 fills
+
+
+def test_a_stopped_run_resumes_to_bitwise_the_same_weights(tmp_path, data_cache):
+    common = ["train=dflash", "arch=llama", f"data.cache_dir={data_cache / 'llama'}", "train.steps=16",
+              "train.ckpt_every_steps=4", *SMALL]  # DFlash: the anchors are random draws, replayed by step
+    assert run("harness.train", *common, f"out={tmp_path / 'a'}").returncode == 0
+    first = run("harness.train", *common, f"out={tmp_path / 'b'}", "train.stop_after=8")
+    assert first.returncode == 0 and "stopped at step 8/16" in first.stderr, first.stderr[-2000:]
+    assert not (tmp_path / "b" / "model.safetensors").exists()
+    second = run("harness.train", *common, f"out={tmp_path / 'b'}")
+    assert second.returncode == 0 and "resumed from" in second.stderr and "(step 8," in second.stderr
+    a, b = mx.load(str(tmp_path / "a" / "model.safetensors")), mx.load(str(tmp_path / "b" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
+    assert json.loads((tmp_path / "b" / "training.json").read_text())["resumed_from"] == [8]
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, data_cache):
+    out = tmp_path / "k"
+    args = ["train=mtp", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'llama'}", "train.steps=2000",
+            "train.ckpt_every_steps=3", *SMALL]
+    proc = subprocess.Popen([sys.executable, "-m", "harness.train", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.time() + 300
+    while time.time() < deadline and not list((out / "ckpt").glob("step-0000006")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)  # no handler runs: only checkpoints already renamed survive
+    proc.wait()
+    done = sorted(int(p.name.split("-")[1]) for p in (out / "ckpt").glob("step-*"))
+    assert done and done[-1] >= 6
+    again = run("harness.train", *args, f"train.stop_after={done[-1] + 3}")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"(step {done[-1]}," in again.stderr and f"stopped at step {done[-1] + 3}/2000" in again.stderr
+
+
+def test_every_evaluation_prompt_is_refused_as_a_training_prompt(tmp_path):
+    from train.data import check_overlap, eval_texts
+
+    texts, sources = eval_texts()
+    assert set(texts) == {"builtin", "mtbench", "humaneval"}, sources  # the data packages are installed
+    for suite, turns in texts.items():
+        for t in turns[:5]:
+            with pytest.raises(ConfigError, match=f"overlaps the {suite}"):
+                check_overlap([t], texts)
+            if len(t.split()) > 30:  # a shared 13-word run inside other text is refused too
+                with pytest.raises(ConfigError, match="overlaps"):
+                    check_overlap(["Please answer: " + " ".join(t.split()[3:20]) + " thanks"], texts)
+    check_overlap(["Write a limerick about a cat who learns to sail."], texts)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Tell me a story."}) + "\n" + json.dumps({"turns": [texts["mtbench"][0]]}))
+    r = run("harness.train", "train=mtp", "arch=llama", f"out={tmp_path / 'o'}", f"data.prompts={prompts}",
+            "data.n_prompts=2", "data.eval_rows=1")
+    assert r.returncode == 2 and "overlaps the mtbench evaluation suite" in r.stderr
+    assert not list((tmp_path / "o" / "data").glob("shard-*"))  # refused before any answer was generated
+
+
+def test_magpie_prefix_is_the_template_text_before_the_user_message():
+    from harness.models import load_target, resolve_model
+    from train.data import user_prefix
+
+    _, tok = load_target(resolve_model("fixture:llama"), "float32")
+    assert user_prefix(tok) == "<|user|>\n"
+
+
+def test_bad_training_settings_are_one_line_errors(tmp_path):
+    r = run("harness.train", "train=eagle3", "arch=llama", f"out={tmp_path}", "train.steps=0")
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == "error: train.steps=0 must be > 0"
+    r = run("harness.train", "train=medusa", "arch=llama", f"out={tmp_path}")
+    assert r.returncode == 2 and "medusa" in r.stderr and "Traceback" not in r.stderr
+    r = run("harness.train", "train=mtp", "arch=llama", f"out={tmp_path}", f"data.prompts={tmp_path / 'none.txt'}")
+    assert r.returncode == 2 and "is not a file" in r.stderr
+
+
+def test_ttt_unroll_equals_the_drafters_chained_inference():
+    """Step k of the training unroll at position i computes what the drafter computes at
+    inference when it chains k steps past position i (step 0's keys causal, then only its own)."""
+    from engines.eagle3 import Eagle3Config, Eagle3Drafter
+    from train.eagle3 import ttt_step
+    from train.objective import shift
+
+    c = Eagle3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                     rms_norm_eps=1e-6, max_position_embeddings=128, vocab_size=50, draft_vocab_size=50,
+                     target_hidden_size=32, head_dim=8, norm_before_residual=True, qk_norm=False,
+                     layer_types=("full_attention",), aux_layer_ids=(1, 2, 3))
+    mx.random.seed(3)
+    d = Eagle3Drafter(c, own_embedding=True)
+    d.set_dtype(mx.float32)
+    T, i = 12, 5
+    ids = mx.random.randint(0, 50, (1, T))
+    feats = mx.random.normal((1, T, 96))
+    keys, values, outs, h = [], [], [], d.fuse(feats)
+    for k in range(4):
+        h = ttt_step(d, d.embed_tokens(shift(ids, k + 1)), h, keys, values, k)
+        outs.append(h)
+        h = d.next_feature(h)
+    caches = d.make_cache()
+    h = d.step(d.embed_tokens(ids[:, 1:i + 2]), d.fuse(feats[:, :i + 1]), caches, 0)  # positions 0..i
+    assert mx.allclose(h[:, i], outs[0][:, i], atol=1e-5)
+    h = h[:, i:i + 1]
+    for k in range(1, 4):  # chain: the drafter's own output and the next token, one position on
+        h = d.step(d.embed_tokens(ids[:, i + k + 1:i + k + 2]), d.next_feature(h), caches, i + k)
+        assert mx.allclose(h[:, 0], outs[k][:, i], atol=1e-5), k
+
+
+def test_many_anchor_block_attention_equals_the_engines_one_anchor_path():
+    from engines.dflash import DFlashConfig, DFlashDrafter
+    from train.dflash import block_attention
+
+    c = DFlashConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                     intermediate_size=48, rms_norm_eps=1e-6, max_position_embeddings=128, block_size=4,
+                     target_layer_ids=(1,), mask_token_id=0, layer_types=("full_attention",))
+    mx.random.seed(4)
+    d = DFlashDrafter(c)
+    attn, L = d.layers[0].self_attn, 4
+    ctx = mx.random.normal((1, 14, 32))
+    anchors = mx.array([[3, 9]])
+    x = mx.random.normal((1, 2 * L, 32))
+    many = block_attention(attn, x, ctx, d._rope, anchors)  # [1, 2L, H]
+    one = attn(x.reshape(2, L, 32), mx.concatenate([ctx, ctx]), d._rope, anchors=anchors[0])  # [2, L, H]
+    assert mx.allclose(many.reshape(2, L, 32), one, atol=1e-5)
+
+
+def test_quantized_drafters_load_strictly_and_stay_lossless(tmp_path, data_cache):
+    from engines.base import DrafterError
+    from engines.dflash import load_drafter
+    from harness.models import load_target, resolve_model
+    from train.quantize import quantize_drafter
+
+    src = tmp_path / "d"
+    assert run("harness.train", "train=dflash", "arch=llama", f"out={src}", f"data.cache_dir={data_cache / 'llama'}",
+               "train.steps=2", *SMALL).returncode == 0
+    counts = quantize_drafter(src, tmp_path / "q", bits=8, group_size=32)
+    assert counts["packed"] >= 6
+    assert (tmp_path / "q" / "model.safetensors").stat().st_size < 0.6 * (src / "model.safetensors").stat().st_size
+    cell = _lossless_cell("llama", "dflash", tmp_path / "q", tmp_path / "cell")
+    assert cell["status"] == "ok" and cell["summary"]["diverged_prompts"] == 0
+    cfg = json.loads((tmp_path / "q" / "config.json").read_text())
+    del cfg["quantization"]
+    (tmp_path / "q" / "config.json").write_text(json.dumps(cfg))
+    model, _ = load_target(resolve_model("fixture:llama"), "float32")
+    with pytest.raises(DrafterError, match="no quantization"):
+        load_drafter(tmp_path / "q", model)
