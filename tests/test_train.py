@@ -86,12 +86,13 @@ def test_a_stopped_run_resumes_to_bitwise_the_same_weights(tmp_path, data_cache)
     assert run("harness.train", *common, f"out={tmp_path / 'a'}").returncode == 0
     first = run("harness.train", *common, f"out={tmp_path / 'b'}", "train.stop_after=8")
     assert first.returncode == 0 and "stopped at step 8/16" in first.stderr, first.stderr[-2000:]
-    assert not (tmp_path / "b" / "model.safetensors").exists()
+    assert json.loads((tmp_path / "b" / "training.json").read_text())["complete"] is False  # the step-8 drafter
     second = run("harness.train", *common, f"out={tmp_path / 'b'}")
     assert second.returncode == 0 and "resumed from" in second.stderr and "(step 8," in second.stderr
     a, b = mx.load(str(tmp_path / "a" / "model.safetensors")), mx.load(str(tmp_path / "b" / "model.safetensors"))
     assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
-    assert json.loads((tmp_path / "b" / "training.json").read_text())["resumed_from"] == [8]
+    rec = json.loads((tmp_path / "b" / "training.json").read_text())
+    assert rec["resumed_from"] == [8] and rec["complete"] is True
 
 
 def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, data_cache):

@@ -1,12 +1,14 @@
 """`python -m harness.train train=eagle3|dflash|mtp arch.model=<target> [overrides]`.
 
 Loads the target, builds (or reuses) the self-distilled data, trains the drafter with
-checkpoints (a rerun of the same command resumes), and writes to `out`: the drafter in its
+checkpoints (a rerun of the same command resumes), and writes to `out`, at the end or
+when stopped early (train.max_seconds, train.stop_after, SIGTERM: the drafter as of that step,
+its record marked incomplete): the drafter in its
 published layout (config.json + model.safetensors), training.json (config, data hash,
 steps, wall time, final losses, held-out accuracy per position) and curves.png. The export
 is read back through the engine's own strict loader before the command reports success.
 
-Exit codes: 0 trained (or stopped on purpose, resumable), 2 bad input.
+Exit codes: 0 trained (or stopped early on purpose, resumable), 2 bad input.
 """
 
 from __future__ import annotations
@@ -70,15 +72,14 @@ def train(cfg) -> int:
     log(f"data: {len(train_rows[0])} training rows, {len(eval_rows[0])} held out, "
         f"{rows.answer_tokens()} answer tokens")
     obj = objective_for(cfg.train.kind)(target, tokenizer, cfg.train, *train_rows)
-    state, status = fit(obj, train_rows, eval_rows, cfg.train, out, log)
+    state, stopped = fit(obj, train_rows, eval_rows, cfg.train, out, log)
     plot(state.history, out / "curves.png", f"{cfg.arch.name} {cfg.train.kind}")
-    if status == "stopped":
-        return 0
     obj.export(obj.module, out, getattr(mx, cfg.train.save_dtype))
     obj.load(out)  # the engine's strict loader reads back what was written, or this raises
     record = {"kind": cfg.train.kind, "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
               "target": {"spec": cfg.arch.model, "checkpoint": str(ckpt), "dtype": cfg.arch.dtype},
-              "drafter": obj.describe(), "data": data_info, "steps": state.step, "resumed_from": state.resumed_from,
+              "drafter": obj.describe(), "data": data_info, "steps": state.step, "complete": stopped is None,
+              "stopped_by": stopped, "resumed_from": state.resumed_from,
               "train_seconds": round(state.elapsed_s, 1), "wall_seconds_this_run": round(time.perf_counter() - t0, 1),
               "final": _final(state.history), "history": state.history,
               "weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
@@ -86,7 +87,8 @@ def train(cfg) -> int:
     tmp = out / ".training.json.tmp"
     tmp.write_text(json.dumps(record, indent=1, default=str))
     tmp.replace(out / "training.json")
-    log(f"train {cfg.train.kind}: wrote {out} (config.json, model.safetensors, training.json, curves.png)")
+    what = "" if stopped is None else f" as of step {state.step}/{cfg.train.steps}; rerun to continue"
+    log(f"train {cfg.train.kind}: wrote {out} (config.json, model.safetensors, training.json, curves.png){what}")
     return 0
 
 

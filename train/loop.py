@@ -61,8 +61,9 @@ class Batches:
         return [self.rows[i] for i in idx], [self.plens[i] for i in idx]
 
 
-def fit(obj, train_rows, eval_rows, cfg, out: Path, log) -> tuple[State, str]:
-    """Train obj.module for cfg.steps (resuming from out/ckpt); returns (state, "done" | "stopped")."""
+def fit(obj, train_rows, eval_rows, cfg, out: Path, log) -> tuple[State, str | None]:
+    """Train obj.module for cfg.steps (resuming from out/ckpt); returns (state, why it stopped
+    early: None when every step ran)."""
     module, ckdir = obj.module, out / "ckpt"
     opt = optim.AdamW(learning_rate=schedule(cfg), betas=[0.9, 0.95], weight_decay=cfg.weight_decay)
     state = restore(ckdir, module, opt, log)
@@ -91,10 +92,10 @@ def fit(obj, train_rows, eval_rows, cfg, out: Path, log) -> tuple[State, str]:
             last_ckpt = time.perf_counter()
         if why:
             log(f"train {obj.kind}: stopped at step {state.step}/{cfg.steps} ({why}); rerun the same command to resume")
-            return state, "stopped"
+            return state, why
     if not (ckdir / _name(state.step)).exists():
         save(ckdir, module, opt, state)
-    return state, "done"
+    return state, None
 
 
 def _stop_reason(state: State, cfg, stop: dict, start_elapsed: float) -> str | None:

@@ -10,8 +10,8 @@ common=(arch=smollm2 "arch.model=$M" arch.dtype=bfloat16 "data.cache_dir=$D/data
         train.eval_every=250)
 budget=${BUDGET:-1}  # scales every job's max_seconds
 python -m harness.train train=dflash "${common[@]}" "out=$D/dflash" train.steps=1500 train.batch=4 \
-  train.intermediate_size=768 train.max_seconds=$((150 * budget))
+  train.intermediate_size=768 train.max_seconds=$((120 * budget))
 python -m harness.train train=eagle3 "${common[@]}" "out=$D/eagle3" train.steps=1200 train.batch=8 train.lr=3e-4 \
-  train.intermediate_size=768 train.draft_vocab_size=4096 train.max_seconds=$((170 * budget))
+  train.intermediate_size=768 train.draft_vocab_size=4096 train.max_seconds=$((150 * budget))
 python -m harness.train train=mtp "${common[@]}" "out=$D/mtp" train.steps=1000 train.batch=8 train.lr=3e-4 \
-  train.max_seconds=$((100 * budget))
+  train.max_seconds=$((80 * budget))
