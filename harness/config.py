@@ -198,11 +198,22 @@ def knobs_of(method_name: str) -> tuple[str, ...]:
     return get_engine(method_name).knobs
 
 
+def shipped_drafter(model: str, kind: str) -> Path | None:
+    """The drafter trained for a named real model that ships in harness/data/drafters/<model>/<kind>
+    (python -m harness.train; its training.json says how), or None."""
+    path = Path(__file__).resolve().parent / "data" / "drafters" / model / kind
+    return path if (path / "config.json").is_file() else None
+
+
 def resolve_drafter(cfg, kind: str) -> str:
-    """The drafter directory for a drafting method: method.drafter, or the fixture's own."""
+    """The drafter directory for a drafting method: method.drafter, or the one shipped for the
+    named model, or the fixture's own."""
     from harness import fixtures
 
     spec = cfg.method.drafter
+    shipped = shipped_drafter(cfg.arch.model, kind) if spec is None else None
+    if shipped is not None:
+        return str(shipped)
     if spec is None and kind == "mtp":
         from harness.models import resolve_model
 

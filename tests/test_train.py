@@ -220,3 +220,33 @@ def test_quantized_drafters_load_strictly_and_stay_lossless(tmp_path, data_cache
     model, _ = load_target(resolve_model("fixture:llama"), "float32")
     with pytest.raises(DrafterError, match="no quantization"):
         load_drafter(tmp_path / "q", model)
+
+
+def test_zlab_reference_runs_a_trained_dflash_drafter_with_the_same_tokens_and_drafts(models, tmp_path, data_cache):
+    """z-lab's MLX DFlash loads what the trainer writes and drafts as this harness's engine does:
+    the same output tokens and the same accepted count in every round (float32)."""
+    pytest.importorskip("dflash.model_mlx", reason="z-lab's dflash is an optional extra: pip install -e '.[anchors]'")
+    from types import SimpleNamespace
+
+    from engines.dflash import DFlashA
+    from engines.external import DFlashZlab
+    from engines.target import Target
+    from tests.helpers import generate_ids
+    from tests.test_lossless import _units
+
+    out = tmp_path / "d"
+    assert run("harness.train", "train=dflash", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'llama'}",
+               "train.steps=30", *SMALL).returncode == 0
+    model, tok = models["llama"]
+    cfg = SimpleNamespace(block_size=None, drafter=str(out), verify="batched")
+    ours, ref = DFlashA(Target(model), cfg), DFlashZlab(Target(model), cfg)
+    ref.tokenizer = tok
+    accepted = 0
+    for uid, ids in list(_units(tok))[:3]:
+        a, b = generate_ids(ours, ids, 24), generate_ids(ref, ids, 24)
+        assert a.tokens == b.tokens, uid
+        # z-lab drafts fewer tokens when fewer than a block remain: compare the rounds with full blocks
+        full = [(x.accepted, y.accepted) for x, y in zip(a.rounds, b.rounds) if x.drafted == y.drafted]
+        assert len(full) >= len(b.rounds) - 2 and all(x == y for x, y in full), (uid, full)
+        accepted += sum(x for x, _ in full)
+    assert accepted > 0
