@@ -75,10 +75,12 @@ class DFlashObjective(Objective):
         anchors, live = [], []
         for r, p in zip(rows, prompt_lens):
             valid = list(range(max(p, 1), len(r) - 1))  # x_a and x_{a+1} are answer tokens, and a has context
-            pick = sorted(rng.sample(valid, A)) if len(valid) >= A else sorted(valid + [valid[0] if valid else 0] *
-                                                                              (A - len(valid)))
+            if len(valid) >= A:
+                pick = sorted(rng.sample(valid, A))
+            else:  # every valid anchor once, then weightless repeats to fill the row's A slots
+                pick = valid + [valid[0] if valid else 0] * (A - len(valid))
             anchors.append(pick)
-            live.append([1.0] * min(A, len(valid)) + [0.0] * max(0, A - len(valid)))  # repeats count once
+            live.append([1.0] * min(A, len(valid)) + [0.0] * max(0, A - len(valid)))
         anchors = mx.array(anchors, dtype=mx.int32)  # [B, A]
         offs = anchors[..., None] + mx.arange(L)  # [B, A, L]
         T = ids.shape[1]
