@@ -250,3 +250,26 @@ def test_zlab_reference_runs_a_trained_dflash_drafter_with_the_same_tokens_and_d
         assert len(full) >= len(b.rounds) - 2 and all(x == y for x, y in full), (uid, full)
         accepted += sum(x for x, _ in full)
     assert accepted > 0
+
+
+def test_dflash_blocks_see_answer_anchors_with_data_token_labels(models):
+    """Anchors sit on answer tokens with context before them; block position k is labelled with
+    x_{a+k}, weight 0 at the anchor itself and for the weightless repeats filling a short row."""
+    from types import SimpleNamespace
+    import random
+
+    from train.dflash import DFlashObjective
+
+    cfg = SimpleNamespace(target_layer_ids=None, num_target_features=2, mask_token_id=None, num_layers=1,
+                          intermediate_size=32, block_size=4, seed=0, num_anchors=4, loss_decay_gamma=7.0)
+    model, tok = models["llama"]
+    obj = DFlashObjective(model, tok, cfg, [], [])
+    row = list(range(20, 30))  # 10 tokens, the last 3 the answer: anchors 7 and 8 only
+    b = obj.batch([row], [7], random.Random(0))
+    assert b["anchors"].tolist()[0][:2] == [7, 8]
+    assert b["labels"][0, 0].tolist() == [27, 28, 29, 29]  # x_{a+k}, clipped past the end
+    counted = b["counted"][0]
+    assert counted[:, 0].tolist() == [1, 1, 0, 0]  # the anchor token is given, never scored...
+    assert counted[0, 1:].tolist() == [1, 1, 0] and counted[1, 1:].tolist() == [1, 0, 0]  # ...nor past the row
+    assert counted[2:].sum().item() == 0 and b["weight"][..., 0].sum().item() == 0
+    assert (b["tokens"][0, :, 1:] == obj.module.config.mask_token_id).all().item()
