@@ -82,7 +82,7 @@ def test_eagle3_draft_vocabulary_is_the_most_frequent_answer_tokens_and_round_tr
 
 def test_a_stopped_run_resumes_to_bitwise_the_same_weights(tmp_path, data_cache):
     common = ["train=dflash", "arch=llama", f"data.cache_dir={data_cache / 'llama'}", "train.steps=16",
-              "train.ckpt_every_steps=4", *SMALL]  # DFlash: the anchors are random draws, replayed by step
+              "train.ckpt_every_steps=4", "train.export=last", *SMALL]  # DFlash: the anchors are random draws, replayed by step
     assert run("harness.train", *common, f"out={tmp_path / 'a'}").returncode == 0
     first = run("harness.train", *common, f"out={tmp_path / 'b'}", "train.stop_after=8")
     assert first.returncode == 0 and "stopped at step 8/16" in first.stderr, first.stderr[-2000:]
@@ -93,6 +93,23 @@ def test_a_stopped_run_resumes_to_bitwise_the_same_weights(tmp_path, data_cache)
     assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
     rec = json.loads((tmp_path / "b" / "training.json").read_text())
     assert rec["resumed_from"] == [8] and rec["complete"] is True
+
+
+def test_the_exported_drafter_is_the_step_of_the_lowest_held_out_loss(tmp_path, data_cache):
+    common = ["train=eagle3", "arch=llama", f"data.cache_dir={data_cache / 'llama'}", *SMALL, "train.eval_every=2",
+              "train.lr=1.0", "train.steps=100"]  # a rate so high the held-out loss climbs after its first falls
+    r = run("harness.train", *common, "train.stop_after=12", f"out={tmp_path / 'best'}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = json.loads((tmp_path / "best" / "training.json").read_text())
+    evals = [h for h in rec["history"] if h["split"] == "eval"]
+    best = min(evals, key=lambda h: h["loss"])
+    assert best["step"] < 12, [h["loss"] for h in evals]  # otherwise best and last coincide and nothing is tested
+    assert rec["exported_step"] == best["step"] and rec["exported_eval"]["loss"] == round(best["loss"], 5)
+    # the same run stopped at that step and exported as it stands holds the same weights
+    r = run("harness.train", *common, f"train.stop_after={best['step']}", "train.export=last", f"out={tmp_path / 'last'}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = (mx.load(str(tmp_path / d / "model.safetensors")) for d in ("best", "last"))
+    assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
 
 
 def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, data_cache):

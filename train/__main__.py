@@ -58,7 +58,7 @@ def train(cfg) -> int:
     from harness.env import environment
     from harness.models import load_target, resolve_model
     from train import data
-    from train.loop import fit, plot
+    from train.loop import fit, load_best, plot
 
     validate(cfg)
     t0 = time.perf_counter()
@@ -74,12 +74,18 @@ def train(cfg) -> int:
     obj = objective_for(cfg.train.kind)(target, tokenizer, cfg.train, *train_rows)
     state, stopped = fit(obj, train_rows, eval_rows, cfg.train, out, log)
     plot(state.history, out / "curves.png", f"{cfg.arch.name} {cfg.train.kind}")
+    exported = state.step
+    if cfg.train.export == "best":  # a small dataset overfits: ship the step that generalised best
+        exported = load_best(out / "ckpt", obj.module) or state.step
+        if exported != state.step:
+            log(f"train {cfg.train.kind}: exporting step {exported} (lowest held-out loss; train.export=last for the final step)")
     obj.export(obj.module, out, getattr(mx, cfg.train.save_dtype))
     obj.load(out)  # the engine's strict loader reads back what was written, or this raises
     record = {"kind": cfg.train.kind, "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
               "target": {"spec": cfg.arch.model, "checkpoint": str(ckpt), "dtype": cfg.arch.dtype},
               "drafter": obj.describe(), "data": data_info, "steps": state.step, "complete": stopped is None,
               "stopped_by": stopped, "resumed_from": state.resumed_from,
+              "exported_step": exported, "exported_eval": _at(state.history, exported),
               "train_seconds": round(state.elapsed_s, 1), "wall_seconds_this_run": round(time.perf_counter() - t0, 1),
               "final": _final(state.history), "history": state.history,
               "weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
@@ -90,6 +96,11 @@ def train(cfg) -> int:
     what = "" if stopped is None else f" as of step {state.step}/{cfg.train.steps}; rerun to continue"
     log(f"train {cfg.train.kind}: wrote {out} (config.json, model.safetensors, training.json, curves.png){what}")
     return 0
+
+
+def _at(history: list, step: int) -> dict | None:
+    h = next((h for h in history if h["split"] == "eval" and h["step"] == step), None)
+    return h and {"loss": round(h["loss"], 5), "acc": [round(a, 4) for a in h["acc"]]}
 
 
 def _final(history: list) -> dict:

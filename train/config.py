@@ -47,6 +47,7 @@ class TrainConfig:
     max_seconds: Optional[float] = None  # stop cleanly (checkpointed) after this much training time
     stop_after: Optional[int] = None  # stop (checkpointed) after this step, as a kill would; rerun to resume
     save_dtype: str = "bfloat16"  # the exported drafter's floating tensors
+    export: str = "best"  # best: the weights of the lowest held-out loss seen at an eval; last: the final step's
     intermediate_size: Optional[int] = None  # drafter MLP width; null = the target's
     # eagle3
     ttt_length: int = 7  # drafter steps unrolled per position (training-time test)
@@ -95,6 +96,8 @@ def validate(cfg: TrainAppConfig) -> None:
         raise ConfigError(f"train.block_size={t.block_size} must be >= 2 (the anchor and at least one draft)")
     if not 0 <= t.warmup_ratio < 1 or not 0 <= t.min_lr_ratio <= 1:
         raise ConfigError("train.warmup_ratio must be in [0, 1) and train.min_lr_ratio in [0, 1]")
+    if t.export not in ("best", "last"):
+        raise ConfigError(f"train.export={t.export!r}; use best (lowest held-out loss) or last (final step)")
     if t.save_dtype not in ("bfloat16", "float16", "float32"):
         raise ConfigError(f"train.save_dtype={t.save_dtype!r}; use bfloat16, float16 or float32")
     if d.temperature < 0 or not 0 < d.top_p <= 1:

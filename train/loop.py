@@ -85,7 +85,8 @@ def fit(obj, train_rows, eval_rows, cfg, out: Path, log) -> tuple[State, str | N
             _log_train(state, window, opt, cfg, start_step, start_elapsed, obj.kind, log)
             window = []
         if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
-            _log_eval(state, obj, eval_rows, cfg, log)
+            if _log_eval(state, obj, eval_rows, cfg, log):
+                save_best(ckdir, module, state.step)
         why = _stop_reason(state, cfg, stop, start_elapsed)
         if why or state.step % cfg.ckpt_every_steps == 0 or time.perf_counter() - last_ckpt > cfg.ckpt_every_s:
             save(ckdir, module, opt, state)
@@ -133,10 +134,11 @@ def _log_train(state, window, opt, cfg, start_step, start_elapsed, kind, log) ->
         f"{rate:.2f} step/s eta {_duration(eta)}")
 
 
-def _log_eval(state, obj, eval_rows, cfg, log) -> None:
+def _log_eval(state, obj, eval_rows, cfg, log) -> bool:
+    """Logs the held-out loss and accuracy; True when the loss is the lowest so far."""
     rows, plens = eval_rows
     if not rows:
-        return
+        return False
     total, accs, n = 0.0, None, 0.0
     for i in range(0, len(rows), cfg.batch):
         b = obj.batch(rows[i:i + cfg.batch], plens[i:i + cfg.batch], random.Random(cfg.seed + i))
@@ -145,9 +147,11 @@ def _log_eval(state, obj, eval_rows, cfg, log) -> None:
         total += loss.item() * w
         accs = m["acc"] * w if accs is None else accs + m["acc"] * w
         n += w
-    acc = (accs / max(n, 1e-9)).tolist()
-    state.history.append({"step": state.step, "split": "eval", "loss": total / max(n, 1e-9), "acc": acc})
-    log(f"eval {obj.kind}: step {state.step} loss {total / max(n, 1e-9):.4f} acc {_fmt(acc)} (held-out rows)")
+    acc, loss = (accs / max(n, 1e-9)).tolist(), total / max(n, 1e-9)
+    best = min((h["loss"] for h in state.history if h["split"] == "eval"), default=float("inf"))
+    state.history.append({"step": state.step, "split": "eval", "loss": loss, "acc": acc})
+    log(f"eval {obj.kind}: step {state.step} loss {loss:.4f} acc {_fmt(acc)} (held-out rows)")
+    return loss < best
 
 
 def _fmt(acc: list[float]) -> str:
@@ -179,6 +183,28 @@ def save(ckdir: Path, module, opt, state: State) -> Path:
     for old in sorted(p for p in ckdir.iterdir() if p.name.startswith("step-"))[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def save_best(ckdir: Path, module, step: int) -> None:
+    """The weights of the lowest held-out loss so far (ckdir/best), atomically."""
+    ckdir.mkdir(parents=True, exist_ok=True)
+    tmp = ckdir / f".tmp-best-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    mx.save_safetensors(str(tmp / "weights.safetensors"), dict(tree_flatten(module.parameters())))
+    (tmp / "step.json").write_text(json.dumps({"step": step}))
+    shutil.rmtree(ckdir / "best", ignore_errors=True)
+    os.replace(tmp, ckdir / "best")
+
+
+def load_best(ckdir: Path, module) -> int | None:
+    """Loads ckdir/best into module; its step, or None when no eval has run."""
+    best = ckdir / "best"
+    if not (best / "step.json").exists():
+        return None
+    module.load_weights(list(mx.load(str(best / "weights.safetensors")).items()))
+    mx.eval(module.parameters())
+    return json.loads((best / "step.json").read_text())["step"]
 
 
 def restore(ckdir: Path, module, opt, log) -> State:

@@ -14,7 +14,9 @@ pack() {  # quantized drafters (what ships) and the full-precision runs' records
   for k in dflash eagle3 mtp; do
     [ -f "$D/$k/model.safetensors" ] && [ ! -d "$D/q/$k" ] && python -m train.quantize "$D/$k" "$D/q/$k" --bits 8 --group-size 64
   done
-  tar -C "$D/q" -cf "$OUT/drafters-q8.tar" . 2>/dev/null
+  for k in dflash eagle3 mtp; do  # one file per drafter: a call returns files of 16 MiB at most
+    [ -d "$D/q/$k" ] && tar -C "$D/q" -cf "$OUT/drafter-$k-q8.tar" "$k"
+  done
   (cd "$D" && tar -cf "$OUT/training-records.tar" */training.json */config.json */curves.png 2>/dev/null)
 }
 budget=${BUDGET:-1}
