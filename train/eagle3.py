@@ -16,7 +16,6 @@ import random
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from engines.eagle3 import Eagle3Config, Eagle3Drafter, default_aux_layers, load_eagle3, save_eagle3
 from engines.hidden import embed
