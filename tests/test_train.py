@@ -159,6 +159,38 @@ def test_magpie_prefix_is_the_template_text_before_the_user_message():
     assert user_prefix(tok) == "<|user|>\n"
 
 
+def test_magpie_resumes_from_its_last_round_to_the_same_instructions(tmp_path):
+    from harness.models import load_target, resolve_model
+    from train.config import DataConfig
+    from train.data import magpie_prompts
+
+    model, tok = load_target(resolve_model("fixture:llama"), "float32")
+    cfg = DataConfig(batch=2, magpie_max_tokens=12)
+    whole = magpie_prompts(model, tok, 6, cfg, lambda m: None, tmp_path / "a.json")
+
+    def killed_after_round_one(msg):
+        if "(round 1)" in msg:
+            raise KeyboardInterrupt  # after the round's result was saved, as a kill would land
+    with pytest.raises(KeyboardInterrupt):
+        magpie_prompts(model, tok, 6, cfg, killed_after_round_one, tmp_path / "b.json")
+    saved = json.loads((tmp_path / "b.json").read_text())
+    assert saved["rounds"] == 1 and 0 < len(saved["prompts"]) < 6
+    logs = []
+    assert magpie_prompts(model, tok, 6, cfg, logs.append, tmp_path / "b.json") == whole and len(whole) == 6
+    assert logs[0].startswith("magpie: resumed at")
+
+
+def test_magpie_stops_when_a_round_adds_nothing(tmp_path):
+    from harness.models import load_target, resolve_model
+    from train.config import DataConfig
+    from train.data import magpie_prompts
+
+    model, tok = load_target(resolve_model("fixture:llama"), "float32")
+    greedy = DataConfig(batch=2, magpie_max_tokens=12, magpie_temperature=0.0)  # every candidate the same text
+    with pytest.raises(ConfigError, match=r"in [12] rounds, fewer than data.n_prompts=6"):
+        magpie_prompts(model, tok, 6, greedy, lambda m: None)
+
+
 def test_bad_training_settings_are_one_line_errors(tmp_path):
     r = run("harness.train", "train=eagle3", "arch=llama", f"out={tmp_path}", "train.steps=0")
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == "error: train.steps=0 must be > 0"

@@ -83,7 +83,7 @@ def user_prefix(tokenizer) -> str:
     return text.split(SENTINEL, 1)[0]
 
 
-def magpie_prompts(model, tokenizer, n: int, cfg, log) -> list[str]:
+def magpie_prompts(model, tokenizer, n: int, cfg, log, partial: Path | None = None) -> list[str]:
     """n distinct instructions (first lines of at least 3 words) the target writes after its
     template's user prefix; one that reaches magpie_max_tokens without ending is dropped."""
     import mlx.core as mx
@@ -91,10 +91,17 @@ def magpie_prompts(model, tokenizer, n: int, cfg, log) -> list[str]:
     from mlx_lm.sample_utils import make_sampler
 
     prefix = tokenizer.encode(user_prefix(tokenizer), add_special_tokens=False)
-    mx.random.seed(cfg.seed)
-    seen, out, rounds = set(), [], 0
-    while len(out) < n and rounds < 20:  # duplicates and unfinished ones are dropped; a few rounds fill n
+    out, rounds = [], 0
+    if partial is not None and partial.exists():
+        done = json.loads(partial.read_text())
+        out, rounds = done["prompts"], done["rounds"]
+        log(f"magpie: resumed at {len(out)}/{n} instructions (round {rounds})")
+    seen, added = {normalise(t) for t in out}, 1
+    max_rounds = 2 * -(-n // cfg.batch) + 3  # each round offers 2x batch candidates; most are kept
+    while len(out) < n and rounds < max_rounds and added:  # a round that adds nothing: the target repeats itself
         rounds += 1
+        before = len(out)
+        mx.random.seed(cfg.seed * 1009 + rounds)
         want = min(cfg.batch, n - len(out)) * 2
         res = batch_generate(model, tokenizer, [prefix] * want, max_tokens=cfg.magpie_max_tokens,
                              sampler=make_sampler(temp=cfg.magpie_temperature), return_token_ids=True)
@@ -106,6 +113,9 @@ def magpie_prompts(model, tokenizer, n: int, cfg, log) -> list[str]:
                 continue
             seen.add(key)
             out.append(text)
+        added = len(out) - before
+        if partial is not None:
+            _write_atomic(partial, json.dumps({"rounds": rounds, "prompts": out}))
         log(f"magpie: {len(out)}/{n} instructions (round {rounds})")
     if len(out) < n:
         raise ConfigError(f"Magpie wrote {len(out)} usable instructions in {rounds} rounds, fewer than "
@@ -214,8 +224,9 @@ def _prompts(model, tokenizer, cfg, cache: Path, log) -> list[str]:
         if len(prompts) < cfg.n_prompts:
             log(f"data: {cfg.prompts} has {len(prompts)} prompts, fewer than data.n_prompts={cfg.n_prompts}")
     else:
-        prompts = magpie_prompts(model, tokenizer, cfg.n_prompts, cfg, log)
+        prompts = magpie_prompts(model, tokenizer, cfg.n_prompts, cfg, log, cache / "magpie.partial.json")
     _write_atomic(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    (cache / "magpie.partial.json").unlink(missing_ok=True)
     return prompts
 
 
