@@ -186,6 +186,7 @@ def _load_builtin() -> None:
     import engines.autoregressive  # noqa: F401
     import engines.control  # noqa: F401
     import engines.dflash  # noqa: F401
+    import engines.draft_model  # noqa: F401
     import engines.eagle3  # noqa: F401
     import engines.external  # noqa: F401
     import engines.mtp  # noqa: F401

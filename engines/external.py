@@ -7,6 +7,8 @@ after the first over the time after the first token):
 - `mlx_lm`: mlx-lm's `generate_step`, the loop behind `mlx_lm.generate`. Pair any method
   with it (`reference=mlx_lm`), or `method=base reference=mlx_lm` for the harness's own
   overhead against it.
+- `mlx_lm_spec`: mlx-lm's `speculative_generate_step` (`mlx_lm.generate --draft-model`) on the
+  cell's target and draft model: `method=draft_model reference=mlx_lm_spec`.
 - `dflash_zlab`: z-lab's DFlash reference (`dflash` on PyPI, `dflash.model_mlx`), on the
   same target and drafter directories: `method=dflash_a reference=dflash_zlab`.
 
@@ -47,9 +49,11 @@ class External(Engine):
         return list(getattr(self, "_caches", []))
 
 
-def _events(responses, t0: float):
+def _events(responses, t0: float, split_first: bool = False):
     """(Prefill, Round...) from an iterator of (tokens emitted, tokens drafted, [V] log-probabilities
-    or None) per step."""
+    or None) per step. split_first: the first step is a verify round (mlx-lm's speculative loop
+    drafts before its first token), so its first token is the Prefill event and the round that
+    produced it keeps its drafted and accepted counts with the rest of its tokens."""
     from harness.loop import Prefill, Round
 
     last = None
@@ -57,6 +61,8 @@ def _events(responses, t0: float):
         now = time.perf_counter()
         if last is None:
             yield Prefill(emitted[0], now - t0, scores=scores)
+            if split_first and drafted:
+                yield Round(drafted, len(emitted) - 1, list(emitted[1:]), time.perf_counter() - now, None)
         else:
             yield Round(drafted, len(emitted) - 1, list(emitted), now - last, None, scores=scores)
         last = now
@@ -98,6 +104,69 @@ class MlxLm(External):
         from importlib.metadata import version
 
         return {"implementation": "mlx_lm.generate.generate_step", "version": version("mlx-lm"),
+                "cache_types": sorted({type(c).__name__ for c in self.target.cache})}
+
+
+@register("mlx_lm_spec")
+class MlxLmSpec(External):
+    """mlx-lm's speculative_generate_step: the cell's draft model drafts block_size - 1 tokens
+    per round; mlx-lm accepts a draft when the target's own choice there equals it."""
+
+    knobs = ("block_size", "drafter")
+    drafter_kind = "draft_model"
+    scores = True
+
+    def __init__(self, target, cfg):
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+        from engines.draft_model import load_draft_model
+
+        super().__init__(target, cfg)
+        if target.kv in ("float16", "bfloat16"):
+            raise Unsupported(f"mlx-lm has no {target.kv} KV storage option; pair mlx_lm_spec with kv=native, q8 or q4")
+        self.draft_model, self.config = load_draft_model(Path(cfg.drafter), target)
+        self.k = (cfg.block_size or 4) - 1
+        fresh = make_prompt_cache(target.model) + make_prompt_cache(self.draft_model)
+        if not can_trim_prompt_cache(fresh):
+            kinds = sorted({type(c).__name__ for c in fresh if not c.is_trimmable()})
+            raise Unsupported(f"mlx-lm's speculative decoding needs trimmable caches; this pair has {', '.join(kinds)}")
+
+    def generate(self, prompt, max_new_tokens, sampler, stop_tokens):
+        from mlx_lm.generate import speculative_generate_step
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self._caches = make_prompt_cache(self.target.model) + make_prompt_cache(self.draft_model)
+        quantized = {"kv_bits": int(self.target.kv[1:]), "kv_group_size": self.target.kv_group_size,
+                     "quantized_kv_start": 0} if self.target.kv in ("q8", "q4") else {}
+        t0 = time.perf_counter()
+        # Its sampler sees the draft model's and the target's rows alike, so positions cannot key
+        # the noise: greedy is exact, and T > 0 draws with MLX's global generator.
+        pick = (lambda lp: mx.argmax(lp, axis=-1)) if sampler.temperature == 0 else \
+            (lambda lp: mx.random.categorical(lp / sampler.temperature))
+        steps = speculative_generate_step(mx.array(prompt), self.target.model, self.draft_model,
+                                          num_draft_tokens=self.k, max_tokens=max_new_tokens, sampler=pick,
+                                          prompt_cache=self._caches, **quantized)
+        yield from _events(self._rounds(steps, stop_tokens, max_new_tokens), t0, split_first=True)
+
+    def _rounds(self, steps, stop_tokens, max_new_tokens):
+        # Its tokens arrive one by one, flagged from_draft; a target token closes each verify.
+        group, n = [], 0
+        for tok, logprobs, from_draft in steps:
+            group.append(int(tok))
+            n += 1
+            if tok in stop_tokens or not from_draft or n == max_new_tokens:
+                yield group, min(self.k, max_new_tokens - (n - len(group))), logprobs if len(group) == 1 else None
+                if tok in stop_tokens:
+                    return
+                group = []
+
+    def describe(self):
+        from importlib.metadata import version
+
+        return {"implementation": "mlx_lm.generate.speculative_generate_step", "version": version("mlx-lm"),
+                "k": self.k, "drafter_model_type": self.config.get("model_type"),
+                "observed": "tokens and from_draft flags per token: accepted = drafts emitted in a verify; drafted "
+                            "= its num_draft_tokens cut at the budget; log-probabilities for one-token rounds only",
                 "cache_types": sorted({type(c).__name__ for c in self.target.cache})}
 
 

@@ -38,7 +38,8 @@ class MethodConfig:
     block_size: Optional[int] = None  # tokens verified per round = K drafts + 1; base ignores it;
     #                                   dflash: null = the drafter's own block_size
     drafter: Optional[str] = None  # dflash: drafter dir or fixture:<name>; null = the fixture arch's own;
-    #                                mtp: checkpoint holding mtp.* tensors; null = the target's own
+    #                                mtp: checkpoint holding mtp.* tensors; null = the target's own;
+    #                                draft_model: a model spec like arch.model; null = fixture:llama on fixtures
     verify: str = "batched"  # batched: K+1 tokens in one target forward; sequential: one forward per token
     depth: int = 4  # eagle3: tree depth (drafter steps per round)
     top_k: int = 4  # eagle3: children per expanded node, and nodes expanded per depth
@@ -198,6 +199,9 @@ def knobs_of(method_name: str) -> tuple[str, ...]:
     return get_engine(method_name).knobs
 
 
+DEFAULT_FIXTURE_DRAFT_MODEL = "fixture:llama"  # every fixture shares one tokenizer; llama is the plain one
+
+
 def shipped_drafter(model: str, kind: str) -> Path | None:
     """The drafter trained for a named real model that ships in harness/data/drafters/<model>/<kind>
     (python -m harness.train; its training.json says how), or None."""
@@ -214,6 +218,15 @@ def resolve_drafter(cfg, kind: str) -> str:
     shipped = shipped_drafter(cfg.arch.model, kind) if spec is None else None
     if shipped is not None:
         return str(shipped)
+    if kind == "draft_model":  # a whole language model: any spec arch.model takes
+        from harness.models import resolve_model
+
+        if spec is None and not cfg.arch.model.startswith("fixture:"):
+            from engines.base import Unsupported
+
+            raise Unsupported(f"no draft model for arch.model={cfg.arch.model}: pass method.drafter=<a small model "
+                              "sharing its tokenizer> (checkpoint dir, GGUF file or packaged model name)")
+        return str(resolve_model(spec or DEFAULT_FIXTURE_DRAFT_MODEL, cfg.arch.dtype, cfg.arch.gguf_dequantize))
     if spec is None and kind == "mtp":
         from harness.models import resolve_model
 

@@ -160,6 +160,8 @@ def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path) -> dict:
             record.update(measure_cell(arms, tokenizer, prompts, cfg.bench, progress, model_context(ckpt), log))
         record["load"] = load.record
         record["engine"] = arms.method.describe()  # after measuring: rollback=auto has picked its strategy
+        if arms.base is not None and not arms.reference_is_base:  # what the ratio is against, what it cannot show
+            record["reference_engine"] = arms.base.describe()
         record["status"] = "ok"
     except ConfigError:
         raise

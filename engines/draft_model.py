@@ -1,0 +1,108 @@
+"""Classic speculative decoding: an independent small language model that shares the
+target's tokenizer drafts K tokens, one forward each, and the target verifies them in one
+forward (Leviathan et al. 2023; mlx-lm's --draft-model, llama.cpp's --model-draft,
+Spec-Bench's SpS row).
+
+The draft model runs through its own Target, so its cache gets the same exact rollback as
+the target's (a recurrent draft model included; a sliding-window one is refused, as its
+single-token steps rotate the window in place): each draft step marks the draft cache,
+and rollback rewinds it to the mark of the last accepted draft. At temperature > 0 the drafts are sampled from the draft model's q and
+the loop applies speculative sampling, so the output keeps the target's distribution.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.models.cache import RotatingKVCache
+
+from engines.base import Draft, DrafterError, Engine, Unsupported, register
+from engines.hidden import activation_dtype, vocab_size
+from engines.target import Target
+
+
+def load_draft_model(path: Path, target: Target):
+    """The mlx-lm model at `path` in the target's activation dtype; DrafterError when its
+    vocabulary is not the target's (a draft model must share the target's tokenizer)."""
+    from mlx_lm.utils import load_model
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise DrafterError(f"{path} is not a model directory (no config.json); method.drafter for draft_model "
+                           "is a model: a checkpoint dir, a GGUF file, fixture:<name> or a packaged model name")
+    model, config = load_model(path)
+    if vocab_size(model) != target.vocab_size:
+        raise DrafterError(f"draft model {path} has a vocabulary of {vocab_size(model)}, the target "
+                           f"{target.vocab_size}: "
+                           "a draft model must share the target's tokenizer")
+    model.set_dtype(activation_dtype(target.model))
+    model.eval()
+    mx.eval(model.parameters())
+    return model, config
+
+
+@register("draft_model", "sps")
+class DraftModel(Engine):
+    knobs = ("block_size", "drafter", "verify")
+    drafter_kind = "draft_model"
+
+    def __init__(self, target, cfg):
+        super().__init__(target, cfg)
+        self.k = (cfg.block_size or 4) - 1
+        if self.k < 1:
+            raise Unsupported(f"draft_model needs method.block_size >= 2 (one draft or more); got {cfg.block_size}")
+        self.path = Path(cfg.drafter)
+        model, self.config = load_draft_model(self.path, target)
+        # The draft model's cache stores what the target's does (mlx-lm quantizes both alike).
+        self.dm = Target(model, kv=target.kv, rollback=target.strategy, kv_group_size=target.kv_group_size,
+                         stage_every=target.stage_every, stable_attention=target.stable_attention,
+                         small_m_gemm=target.small_m_gemm)
+        if any(isinstance(c, RotatingKVCache) for c in self.dm.cache):
+            # Its draft steps are single-token updates, which rotate a full window in place: the
+            # cache could not be rewound to an accepted prefix exactly (engines/cache.py).
+            raise Unsupported(f"draft model {self.path} has sliding-window layers; a draft model's chain of "
+                              "single-token steps cannot be rewound exactly past its window: use a full-attention "
+                              "or hybrid draft model")
+        self.cached, self.marks, self.base = 0, [], 0
+
+    def prefill(self, prompt):
+        self.prompt_len = len(prompt)
+        self.dm.reset()
+        self.cached = 0  # history tokens in the draft model's cache
+        return self.target.prefill(prompt)
+
+    def prepare(self, history):
+        # The draft model's own prefill over the prompt (history = prompt + first token).
+        self.dm.forward_chunked(history[:-1])
+        self.cached = len(history) - 1
+        return None
+
+    def draft(self, history):
+        pos = len(history) - self.prompt_len  # output position of the first draft
+        logits = self.dm.forward_chunked(history[self.cached:])[-1:]  # [1, V]: new tokens, ending at pending
+        self.base, self.marks = len(history), [self.dm.mark()]
+        tokens, qs = [], []
+        for i in range(self.k):
+            if i:
+                logits = self.dm.forward(tokens[-1])  # [1] id on the device -> [1, V]
+                self.marks.append(self.dm.mark())
+            t, q = self.sampler.propose(logits, pos + i)
+            tokens.append(t)
+            qs.append(q)
+        self.prof.mark("draft_model", tokens[-1])
+        return Draft(mx.concatenate(tokens), mx.concatenate(qs) if qs[0] is not None else None)
+
+    def rollback(self, n_accepted, draft):
+        self.target.commit(n_accepted + 1)
+        keep = min(n_accepted, self.k - 1)  # the last draft was never fed to the draft model
+        self.dm.rewind(self.marks[keep])
+        self.cached = self.base + keep
+
+    def caches(self):
+        return [*super().caches(), *self.dm.cache]
+
+    def describe(self):
+        return {**super().describe(), "k": self.k, "drafter_model_type": self.config.get("model_type"),
+                "drafter_layers": self.config.get("num_hidden_layers"),
+                "drafter_cache_types": sorted(set(self.dm.layout.types)), "drafter_fed_tokens": self.dm.fed_tokens}

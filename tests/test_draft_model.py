@@ -1,0 +1,102 @@
+"""Classic draft-model speculation (`method=draft_model`): lossless in float32 on every fixture
+target with a draft model that disagrees with it (a recurrent one included), the target's
+distribution at temperature > 0, mlx-lm's speculative loop as its reference with the same
+tokens, and one-line refusals for draft models it cannot run exactly."""
+
+import importlib
+import json
+from types import SimpleNamespace
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+
+from engines.base import DrafterError, Unsupported
+from engines.draft_model import DraftModel
+from engines.external import MlxLmSpec
+from engines.target import Target
+from harness.fixtures import fixture_dir
+from tests.conftest import ARCHS
+from tests.helpers import base_engine, generate_ids
+from tests.test_cli import harness
+from tests.test_lossless import _units
+from tests.test_mtp import _chi2, _empirical
+from tests.test_sampled_drafters import GENERATIONS, LENGTH, _chi2_999, _counts
+
+NEW_TOKENS = 48  # past the gemma fixtures' window of 32
+DRAFT_FOR = {"llama": "qwen35"}  # a recurrent draft model for llama; llama (full attention) for the rest
+
+
+def cfg(drafter, block_size=4):
+    return SimpleNamespace(name="draft_model", block_size=block_size, drafter=str(drafter), verify="batched")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_output_equals_base_with_a_draft_model_that_disagrees(models, arch):
+    model, tok = models[arch]
+    eng = DraftModel(Target(model), cfg(fixture_dir(DRAFT_FOR.get(arch, "llama"))))
+    partial = 0
+    for uid, ids in list(_units(tok))[::2]:
+        want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        got = generate_ids(eng, ids, NEW_TOKENS)
+        assert got.tokens == want, f"{arch} {uid}"
+        partial += sum(0 < r.accepted < r.drafted for r in got.rounds)
+    assert partial >= 5, f"only {partial} rounds rewound the draft cache to a middle draft: the test proves little"
+
+
+def test_a_draft_model_equal_to_the_target_has_every_draft_accepted(models):
+    model, tok = models["llama"]
+    ids = next(_units(tok))[1]
+    got = generate_ids(DraftModel(Target(model), cfg(fixture_dir("llama"))), ids, NEW_TOKENS)
+    assert all(r.accepted == r.drafted for r in got.rounds[:-1]) and got.rounds[0].drafted == 3
+
+
+def _tiny_llama(seed, scale):
+    spec = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 8,
+            "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position_embeddings": 256, "rope_theta": 10000.0}
+    llama = importlib.import_module("mlx_lm.models.llama")
+    mx.random.seed(seed)
+    model = llama.Model(llama.ModelArgs.from_dict(spec))
+    model.lm_head.weight *= scale  # p neither flat nor one-hot
+    return model, spec
+
+
+def test_sampled_output_has_the_targets_distribution(tmp_path):
+    target, _ = _tiny_llama(3, 3.0)
+    draft, spec = _tiny_llama(11, 2.0)  # its q differs from the target's p
+    (tmp_path / "config.json").write_text(json.dumps(spec))
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), dict(tree_flatten(draft.parameters())))
+    # Measured at 300 generations: 7.4 on 13 dof against a bound of 34.7.
+    stat, dof = _chi2(_counts(base_engine(target)),
+                      _counts(DraftModel(Target(target), cfg(tmp_path, block_size=3))))
+    assert dof >= 8 and stat < _chi2_999(dof), (stat, dof, GENERATIONS, LENGTH)
+
+
+def test_mlx_lm_speculative_reference_gives_a_paired_record_with_the_same_tokens(tmp_path):
+    out = tmp_path / "r"
+    r = harness("arch=llama", "method=draft_model", "reference=mlx_lm_spec", "method.drafter=fixture:llama-q4",
+                "bench=smoke", "bench.max_prompts=2", "bench.max_new_tokens=24", "bench.reps=1", f"out_dir={out}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    (rec,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert rec["status"] == "ok" and rec["cell"]["reference"] == "mlx_lm_spec", rec.get("reason")
+    s = rec["summary"]
+    assert s["diverged_prompts"] == 0 and 0 < s["acceptance_rate"] < 1  # a 4-bit copy of the target disagrees at times
+    assert rec["engine"]["k"] == 3 and rec["engine"]["drafter_model_type"] == "llama"
+    ref = rec["reference_engine"]
+    assert ref["implementation"] == "mlx_lm.generate.speculative_generate_step" and ref["k"] == 3
+
+
+def test_draft_models_it_cannot_run_exactly_are_refused(models, tmp_path):
+    model, _ = models["llama"]
+    with pytest.raises(Unsupported, match="sliding-window layers"):
+        DraftModel(Target(model), cfg(fixture_dir("gemma4")))
+    with pytest.raises(Unsupported, match="block_size >= 2"):
+        DraftModel(Target(model), cfg(fixture_dir("llama"), block_size=1))
+    small, spec = _tiny_llama(0, 1.0)  # vocabulary 8, not the fixtures' 1024
+    (tmp_path / "config.json").write_text(json.dumps(spec))
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), dict(tree_flatten(small.parameters())))
+    with pytest.raises(DrafterError, match="vocabulary of 8, the target 1024"):
+        DraftModel(Target(model), cfg(tmp_path))
+    with pytest.raises(Unsupported, match="trimmable caches; this pair has ArraysCache"):
+        MlxLmSpec(Target(models["qwen35"][0]), cfg(fixture_dir("llama")))
