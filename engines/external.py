@@ -117,7 +117,7 @@ class MlxLmSpec(External):
     scores = True
 
     def __init__(self, target, cfg):
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+        from mlx_lm.models.cache import RotatingKVCache, can_trim_prompt_cache, make_prompt_cache
 
         from engines.draft_model import load_draft_model
 
@@ -130,6 +130,9 @@ class MlxLmSpec(External):
         if not can_trim_prompt_cache(fresh):
             kinds = sorted({type(c).__name__ for c in fresh if not c.is_trimmable()})
             raise Unsupported(f"mlx-lm's speculative decoding needs trimmable caches; this pair has {', '.join(kinds)}")
+        if any(isinstance(c, RotatingKVCache) for c in fresh):
+            raise Unsupported("mlx-lm's speculative_generate_step fails on sliding-window caches once their window "
+                              "is full (a broadcast error in the verify's attention mask); no pair with one runs")
 
     def generate(self, prompt, max_new_tokens, sampler, stop_tokens):
         from mlx_lm.generate import speculative_generate_step

@@ -20,7 +20,7 @@ from tests.conftest import ARCHS
 from tests.helpers import base_engine, generate_ids
 from tests.test_cli import harness
 from tests.test_lossless import _units
-from tests.test_mtp import _chi2, _empirical
+from tests.test_mtp import _chi2
 from tests.test_sampled_drafters import GENERATIONS, LENGTH, _chi2_999, _counts
 
 NEW_TOKENS = 48  # past the gemma fixtures' window of 32
@@ -100,3 +100,5 @@ def test_draft_models_it_cannot_run_exactly_are_refused(models, tmp_path):
         DraftModel(Target(model), cfg(tmp_path))
     with pytest.raises(Unsupported, match="trimmable caches; this pair has ArraysCache"):
         MlxLmSpec(Target(models["qwen35"][0]), cfg(fixture_dir("llama")))
+    with pytest.raises(Unsupported, match="sliding-window"):
+        MlxLmSpec(Target(models["gemma4"][0]), cfg(fixture_dir("llama")))
