@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 SMALL = ["data.n_prompts=10", "data.batch=5", "data.max_new_tokens=24", "data.eval_rows=2", "train.batch=4",
          "train.log_every=5", "train.eval_every=10", "train.lr=2e-3", "train.ttt_length=3",
          "train.draft_vocab_size=256", "train.num_anchors=4", "train.block_size=4", "train.intermediate_size=64"]
-ENGINE = {"eagle3": "eagle3", "dflash": "dflash_a", "mtp": "mtp"}
+ENGINE = {"eagle3": "eagle3", "dflash": "dflash_a", "mtp": "mtp", "draft_model": "draft_model"}
 
 
 def run(module: str, *args, timeout=900):
@@ -56,6 +56,26 @@ def test_training_lowers_the_loss_and_the_drafter_runs_losslessly(arch, kind, tm
     assert "step 30/30" in r.stderr and "eta" in r.stderr  # progress with ETA
     cell = _lossless_cell(arch, kind, out, tmp_path / "cell")
     assert cell["status"] == "ok" and cell["summary"]["diverged_prompts"] == 0, cell.get("reason")
+
+
+def test_a_draft_model_is_a_shallow_distilled_copy_that_loads_on_its_own(tmp_path, data_cache):
+    import mlx_lm
+
+    out = tmp_path / "dm"
+    r = run("harness.train", "train=draft_model", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'llama'}",
+            "train.steps=30", "train.num_layers=2", *SMALL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = json.loads((out / "training.json").read_text())
+    losses = [h["loss"] for h in rec["history"] if h["split"] == "train"]
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert rec["drafter"] == {"layers_from_target": [0, 3], "num_layers": 2}
+    model, tok = mlx_lm.load(str(out))  # a plain mlx-lm checkpoint with the target's tokenizer
+    assert len(model.model.layers) == 2 and tok.encode("hello") == tok.encode("hello")
+    cell = _lossless_cell("llama", "draft_model", out, tmp_path / "cell")
+    assert cell["status"] == "ok" and cell["summary"]["diverged_prompts"] == 0, cell.get("reason")
+    r = run("harness.train", "train=draft_model", "arch=qwen35", f"out={tmp_path / 'q'}",
+            f"data.cache_dir={data_cache / 'qwen35'}", "train.steps=2", *SMALL)
+    assert r.returncode == 2 and "shallow copy of a dense target" in r.stderr, r.stderr[-2000:]
 
 
 def test_eagle3_draft_vocabulary_is_the_most_frequent_answer_tokens_and_round_trips(tmp_path, data_cache):
@@ -180,14 +200,14 @@ def test_magpie_resumes_from_its_last_round_to_the_same_instructions(tmp_path):
     assert logs[0].startswith("magpie: resumed at")
 
 
-def test_magpie_stops_when_a_round_adds_nothing(tmp_path):
+def test_magpie_stops_when_rounds_add_nothing(tmp_path):
     from harness.models import load_target, resolve_model
     from train.config import DataConfig
     from train.data import magpie_prompts
 
     model, tok = load_target(resolve_model("fixture:llama"), "float32")
     greedy = DataConfig(batch=2, magpie_max_tokens=12, magpie_temperature=0.0)  # every candidate the same text
-    with pytest.raises(ConfigError, match=r"in [12] rounds, fewer than data.n_prompts=6"):
+    with pytest.raises(ConfigError, match=r"in [34] rounds, fewer than data.n_prompts=6"):
         magpie_prompts(model, tok, 6, greedy, lambda m: None)
 
 

@@ -1,4 +1,4 @@
-"""`python -m harness.train train=eagle3|dflash|mtp arch.model=<target> [overrides]`.
+"""`python -m harness.train train=eagle3|dflash|mtp|draft_model arch.model=<target> [overrides]`.
 
 Loads the target, builds (or reuses) the self-distilled data, trains the drafter with
 checkpoints (a rerun of the same command resumes), and writes to `out`, at the end or
@@ -37,10 +37,12 @@ def log(msg: str) -> None:
 
 def objective_for(kind: str):
     from train.dflash import DFlashObjective
+    from train.draft_model import DraftModelObjective
     from train.eagle3 import Eagle3Objective
     from train.mtp import MTPObjective
 
-    return {"eagle3": Eagle3Objective, "dflash": DFlashObjective, "mtp": MTPObjective}[kind]
+    return {"eagle3": Eagle3Objective, "dflash": DFlashObjective, "mtp": MTPObjective,
+            "draft_model": DraftModelObjective}[kind]
 
 
 def split_rows(rows, n_eval: int, seed: int):
@@ -67,11 +69,13 @@ def train(cfg) -> int:
     target, tokenizer = load_target(ckpt, cfg.arch.dtype)
     target.eval()
     target.freeze()
+    objective = objective_for(cfg.train.kind)
+    objective.check(target)
     rows, data_info = data.build(target, tokenizer, ckpt, cfg.data, Path(cfg.data.cache_dir or out / "data"), log)
     train_rows, eval_rows = split_rows(rows, cfg.data.eval_rows, cfg.data.seed)
     log(f"data: {len(train_rows[0])} training rows, {len(eval_rows[0])} held out, "
         f"{rows.answer_tokens()} answer tokens")
-    obj = objective_for(cfg.train.kind)(target, tokenizer, cfg.train, *train_rows)
+    obj = objective(target, tokenizer, cfg.train, *train_rows)
     state, stopped = fit(obj, train_rows, eval_rows, cfg.train, out, log)
     plot(state.history, out / "curves.png", f"{cfg.arch.name} {cfg.train.kind}")
     exported = state.step

@@ -10,7 +10,7 @@ from omegaconf import MISSING
 
 from harness.config import ArchConfig, ConfigError
 
-KINDS = ("eagle3", "dflash", "mtp")
+KINDS = ("eagle3", "dflash", "mtp", "draft_model")
 
 
 @dataclass
@@ -57,7 +57,7 @@ class TrainConfig:
     init_lm_head_from_target: bool = True  # the draft head starts as the target head's rows (speculators)
     # dflash
     block_size: int = 16
-    num_layers: int = 1  # drafter decoder layers
+    num_layers: int = 1  # drafter decoder layers (dflash; draft_model: target layers kept)
     target_layer_ids: Optional[List[int]] = None  # outputs of these target layers; null = spread over 1..n-3
     num_target_features: int = 3  # how many ids the default spreads
     mask_token_id: Optional[int] = None  # null = the first id past the tokenizer's, else its pad/unk

@@ -30,6 +30,7 @@ from pathlib import Path
 from harness.config import ConfigError
 
 SENTINEL = "\u2063MAGPIE\u2063"  # a user message no template alters, to find where the message starts
+STALL_ROUNDS = 3  # Magpie gives up after this many rounds in a row add no new instruction
 NGRAM = 13  # the usual contamination test: a shared run of 13 normalised words
 EVAL_SUITES = ("builtin", "mtbench", "humaneval")
 
@@ -96,9 +97,9 @@ def magpie_prompts(model, tokenizer, n: int, cfg, log, partial: Path | None = No
         done = json.loads(partial.read_text())
         out, rounds = done["prompts"], done["rounds"]
         log(f"magpie: resumed at {len(out)}/{n} instructions (round {rounds})")
-    seen, added = {normalise(t) for t in out}, 1
-    max_rounds = 2 * -(-n // cfg.batch) + 3  # each round offers 2x batch candidates; most are kept
-    while len(out) < n and rounds < max_rounds and added:  # a round that adds nothing: the target repeats itself
+    seen, empty = {normalise(t) for t in out}, 0
+    max_rounds = 4 * -(-n // cfg.batch) + 16  # each round offers 2x batch candidates; most are usually kept
+    while len(out) < n and rounds < max_rounds and empty < STALL_ROUNDS:
         rounds += 1
         before = len(out)
         mx.random.seed(cfg.seed * 1009 + rounds)
@@ -113,7 +114,7 @@ def magpie_prompts(model, tokenizer, n: int, cfg, log, partial: Path | None = No
                 continue
             seen.add(key)
             out.append(text)
-        added = len(out) - before
+        empty = 0 if len(out) > before else empty + 1  # rounds in a row that added nothing: it repeats itself
         if partial is not None:
             _write_atomic(partial, json.dumps({"rounds": rounds, "prompts": out}))
         log(f"magpie: {len(out)}/{n} instructions (round {rounds})")

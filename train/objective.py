@@ -25,6 +25,10 @@ class Objective:
     kind = ""
     positions = 1  # draft positions the accuracy curve covers
 
+    @staticmethod
+    def check(target: nn.Module) -> None:
+        """Unsupported when this objective cannot train a drafter for `target` (before any data is made)."""
+
     def __init__(self, target: nn.Module, tokenizer, cfg):
         self.target, self.tokenizer, self.cfg = target, tokenizer, cfg
         self.n_layers, self.hidden, self.vocab = num_layers(target), hidden_size(target), vocab_size(target)
