@@ -130,6 +130,9 @@ class Engine:
     def rollback(self, n_accepted: int, draft: Draft) -> None:
         self.target.commit(n_accepted + 1)
 
+    def close(self) -> None:
+        """Release what the engine holds outside this process (an outside engine's process)."""
+
     def caches(self) -> list:
         """Every cache object this engine owns: the target's, then any drafter's."""
         return list(self.target.cache)
@@ -191,3 +194,4 @@ def _load_builtin() -> None:
     import engines.external  # noqa: F401
     import engines.mtp  # noqa: F401
     import engines.ngram  # noqa: F401
+    import engines.outside  # noqa: F401

@@ -46,6 +46,9 @@ class MethodConfig:
     total_tokens: int = 16  # eagle3: tree nodes kept for verification
     min_ngram: int = 1  # ngram: shortest suffix n-gram to match
     max_ngram: int = 3  # ngram: longest suffix n-gram to match (tried first)
+    command: Optional[str] = None  # subprocess: the engine's command line (engines/outside.py: the protocol)
+    startup_timeout_s: float = 300.0  # subprocess: how long the engine may take to write its ready line
+    request_timeout_s: float = 300.0  # subprocess: the longest wait for the engine's next line
 
 
 @dataclass

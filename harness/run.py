@@ -143,6 +143,7 @@ def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path) -> dict:
               "suite": suite_sources(cfg.bench.suite),  # the prompt files read: path, sha256, package version
               "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     t0 = time.perf_counter()
+    arms = None
     try:
         for name in (cfg.method.name, cfg.reference):
             _method_cfg(cfg, name)  # a drafter that does not exist is unsupported before the model loads
@@ -174,6 +175,9 @@ def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path) -> dict:
         else:
             record.update(status="error", reason=f"{type(e).__name__}: {e}",
                           traceback=traceback.format_exc(limit=-8))
+    finally:
+        for engine in arms.engines() if arms else []:
+            engine.close()  # an outside engine's process stops with its cell
     record["wall_s"] = round(time.perf_counter() - t0, 3)
     return record
 
@@ -214,7 +218,11 @@ def _build_arms(model, tokenizer, cfg) -> Arms:
         raise ConfigError(f"{e} (method.drafter={cfg.method.drafter})") from None
     block = getattr(method, "block", None) or (cfg.method.block_size if "block_size" in method.knobs else 1)
     ref_name = get_engine(cfg.reference).name
-    reference = None if method.name == ref_name else engine(cfg.reference, _method_cfg(cfg, cfg.reference))
+    try:
+        reference = None if method.name == ref_name else engine(cfg.reference, _method_cfg(cfg, cfg.reference))
+    except BaseException:
+        method.close()  # an outside engine already started for the method stops here
+        raise
     return Arms(method, reference, block, reference_is_base=ref_name == "base", rollback_auto=auto)
 
 

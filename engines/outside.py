@@ -1,0 +1,193 @@
+"""Engines outside this process as arms: anything that speaks the harness's subprocess protocol
+(`method=subprocess`), e.g. a CLI engine such as hf2q behind a small adapter.
+
+The protocol is JSON lines over the engine's stdin/stdout (stderr is its log, kept):
+
+    engine -> {"type": "ready", "implementation": "...", "version": "..."}     once, at start
+    harness -> {"type": "generate", "id": 1, "prompt_ids": [...], "max_new_tokens": 64,
+                "temperature": 0.0, "seed": 0, "stop_ids": [...]}
+    engine -> {"id": 1, "tokens": [...], "drafted": 3, "accepted": 2}        per token or per round
+    engine -> {"id": 1, "done": true}                                          after the last token
+    engine -> {"id": 1, "error": "..."}                                        instead, on failure
+
+`drafted` / `accepted` are optional: without them a line's tokens count as one round that
+drafted and accepted all but one of them, and the record says acceptance was inferred.
+Times are the harness's own clock at each line's arrival (a reader thread stamps them), so
+the arm is timed as the harness's arms are: first token, then tokens after it over the time
+after it. Any failure (the engine will not start, dies, writes a malformed line, stalls past
+method.request_timeout_s) raises OutsideError naming it, and the cell is an `error` record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shlex
+import subprocess
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from engines.base import Unsupported, register
+from engines.external import External
+
+STDERR_TAIL = 40  # lines of the engine's log quoted in an error
+
+
+class OutsideError(RuntimeError):
+    """An outside engine failed; the message names how and quotes its log."""
+
+
+class Process:
+    """A long-lived engine process: lines out of stdout stamped on arrival, stderr kept in a log."""
+
+    def __init__(self, command: str, log_path: Path, startup_timeout_s: float):
+        self.command, self.log_path = command, Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 -- closed in close()
+        self.proc = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.lines: queue.Queue = queue.Queue()
+        self.tail: deque = deque(maxlen=STDERR_TAIL)
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        try:
+            self.hello = self.receive(startup_timeout_s, "to start (no ready line)")
+            if self.hello.get("type") != "ready":
+                raise OutsideError(f"{self._who()} wrote {self.hello!r} before its ready line; the protocol starts "
+                                   'with {"type": "ready", ...}')
+        except BaseException:
+            self.close(kill=True)  # a failed start leaves no process behind
+            raise
+
+    def _read_stdout(self):
+        for line in self.proc.stdout:
+            self.lines.put((time.perf_counter(), line))
+        self.lines.put((time.perf_counter(), None))  # EOF: the process closed stdout or died
+
+    def _read_stderr(self):
+        for line in self.proc.stderr:
+            self._log.write(line)
+            self._log.flush()
+            self.tail.append(line.rstrip("\n"))
+
+    def _who(self) -> str:
+        return f"engine `{self.command}`"
+
+    def _log_tail(self) -> str:
+        return ("; its log ends: " + " | ".join(list(self.tail)[-8:])) if self.tail else ""
+
+    def send(self, message: dict) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise OutsideError(f"{self._who()} is not reading requests (exit code {self.proc.poll()})"
+                               f"{self._log_tail()}") from None
+
+    def receive_stamped(self, timeout_s: float, waiting_for: str) -> tuple[float, dict]:
+        """(arrival time, message) of the next line; OutsideError on EOF, timeout or bad JSON."""
+        try:
+            t, line = self.lines.get(timeout=timeout_s)
+        except queue.Empty:
+            raise OutsideError(f"{self._who()} took longer than {timeout_s:g} s {waiting_for}{self._log_tail()}") from None
+        if line is None:
+            code = self.proc.wait(timeout=10)
+            raise OutsideError(f"{self._who()} exited with code {code} while the harness waited for it "
+                               f"{waiting_for}{self._log_tail()}")
+        try:
+            message = json.loads(line)
+        except json.JSONDecodeError:
+            raise OutsideError(f"{self._who()} wrote a malformed line {line.strip()[:200]!r} (not JSON)") from None
+        if not isinstance(message, dict):
+            raise OutsideError(f"{self._who()} wrote {line.strip()[:200]!r}: every line must be a JSON object")
+        return t, message
+
+    def receive(self, timeout_s: float, waiting_for: str) -> dict:
+        return self.receive_stamped(timeout_s, waiting_for)[1]
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the engine: EOF on its stdin (the protocol's end), killed if it lingers 10 s (or kill)."""
+        if self.proc.poll() is None:
+            try:
+                if kill:
+                    raise OSError
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@register("subprocess")
+class SubprocessArm(External):
+    """An engine process speaking the subprocess protocol (module docstring)."""
+
+    knobs = ("command", "startup_timeout_s", "request_timeout_s")
+
+    def __init__(self, target, cfg):
+        super().__init__(target, cfg)
+        if not getattr(cfg, "command", None):
+            raise Unsupported("method=subprocess needs method.command=<the engine's command line>, e.g. "
+                              "'python examples/mlx_lm_adapter.py --model <dir>'")
+        from harness.fixtures import home
+
+        log = home() / "outside-logs" / f"subprocess-{os.getpid()}-{int(time.time())}.log"
+        self.proc = Process(cfg.command, log, cfg.startup_timeout_s)
+        self.timeout_s, self.requests, self.reported = cfg.request_timeout_s, 0, True
+
+    def generate(self, prompt, max_new_tokens, sampler, stop_tokens):
+        from harness.loop import Prefill, Round
+
+        self.requests += 1
+        rid = self.requests
+        t0 = time.perf_counter()
+        self.proc.send({"type": "generate", "id": rid, "prompt_ids": list(map(int, prompt)),
+                        "max_new_tokens": max_new_tokens, "temperature": sampler.temperature, "seed": sampler.seed,
+                        "stop_ids": sorted(stop_tokens)})
+        last, n = None, 0
+        while True:
+            t, m = self.proc.receive_stamped(self.timeout_s, f"for tokens of request {rid}")
+            if m.get("id") != rid:
+                raise OutsideError(f"engine answered request {m.get('id')!r} while request {rid} was open: {m!r}")
+            if "error" in m:
+                raise OutsideError(f"engine reported an error on request {rid}: {m['error']}")
+            if m.get("done"):
+                break
+            tokens = m.get("tokens")
+            if not isinstance(tokens, list) or not tokens or not all(isinstance(x, int) for x in tokens):
+                raise OutsideError(f"engine line {m!r} has no token ids (`tokens`: a non-empty list of ints)")
+            tokens = tokens[: max_new_tokens - n]  # an engine that overshoots the budget is cut, as every arm is
+            n += len(tokens)
+            drafted, accepted = m.get("drafted"), m.get("accepted")
+            if drafted is None or accepted is None:
+                self.reported = False
+                drafted = accepted = len(tokens) - 1 if len(m["tokens"]) > 1 else 0
+            if last is None:
+                yield Prefill(tokens[0], t - t0)
+                if drafted:  # the first line was a whole round: the rest of it arrived with the first token
+                    yield Round(drafted, accepted, tokens[1:], 0.0, None)
+            else:
+                yield Round(drafted, accepted, tokens, t - last, None)
+            last = t
+            if n >= max_new_tokens or set(tokens) & stop_tokens:
+                break
+        if n == 0:
+            raise OutsideError(f"engine finished request {rid} without a token")
+        if not m.get("done"):  # drain to the done line so the next request starts clean
+            while not self.proc.receive(self.timeout_s, f"to finish request {rid}").get("done"):
+                pass
+
+    def close(self) -> None:
+        self.proc.close()
+
+    def describe(self):
+        h = self.proc.hello
+        return {"implementation": h.get("implementation", "?"), "version": h.get("version"),
+                "command": self.proc.command, "log": str(self.proc.log_path), "protocol": "subprocess JSON lines",
+                "observed": "token ids and arrival times per line; drafted/accepted "
+                            + ("as the engine reported them" if self.reported else "inferred from tokens per line "
+                               "(the engine reported none)") + "; no logits, so divergence margins are unavailable"}
