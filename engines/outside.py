@@ -40,23 +40,63 @@ class OutsideError(RuntimeError):
     """An outside engine failed; the message names how and quotes its log."""
 
 
-class Process:
-    """A long-lived engine process: lines out of stdout stamped on arrival, stderr kept in a log."""
+class Child:
+    """A process the harness started: its log (stderr, and stdout unless the caller reads it)
+    kept in a file, the end of it quoted in errors; stopped by close()."""
 
-    def __init__(self, command: str, log_path: Path, startup_timeout_s: float):
+    def __init__(self, command: str, log_path: Path, read_stdout: bool = False):
         self.command, self.log_path = command, Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 -- closed in close()
-        self.proc = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1)
-        self.lines: queue.Queue = queue.Queue()
+        try:
+            self.proc = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE if read_stdout else self._log,
+                                         stderr=subprocess.PIPE, text=True, bufsize=1)
+        except OSError as e:
+            self._log.close()
+            raise OutsideError(f"could not start `{command}`: {e}") from None
         self.tail: deque = deque(maxlen=STDERR_TAIL)
-        threading.Thread(target=self._read_stdout, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read_stderr(self):
+        for line in self.proc.stderr:
+            self._log.write(line)
+            self._log.flush()
+            self.tail.append(line.rstrip("\n"))
+
+    def who(self) -> str:
+        return f"`{self.command}`"
+
+    def log_tail(self) -> str:
+        return ("; its log ends: " + " | ".join(list(self.tail)[-8:])) if self.tail else ""
+
+    def close(self, kill: bool = False) -> None:
+        """Stop it: EOF on its stdin (the subprocess protocol's end) or SIGTERM, killed if it lingers 10 s."""
+        if self.proc.poll() is None:
+            try:
+                if kill:
+                    raise OSError
+                self.proc.stdin.close()
+                if self.proc.stdout is None or self.proc.stdout is self._log:
+                    self.proc.terminate()  # a server does not end at EOF
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class Process(Child):
+    """An engine speaking the subprocess protocol: lines out of stdout stamped on arrival."""
+
+    def __init__(self, command: str, log_path: Path, startup_timeout_s: float):
+        super().__init__(command, log_path, read_stdout=True)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
         try:
             self.hello = self.receive(startup_timeout_s, "to start (no ready line)")
             if self.hello.get("type") != "ready":
-                raise OutsideError(f"{self._who()} wrote {self.hello!r} before its ready line; the protocol starts "
+                raise OutsideError(f"{self.who()} wrote {self.hello!r} before its ready line; the protocol starts "
                                    'with {"type": "ready", ...}')
         except BaseException:
             self.close(kill=True)  # a failed start leaves no process behind
@@ -67,59 +107,43 @@ class Process:
             self.lines.put((time.perf_counter(), line))
         self.lines.put((time.perf_counter(), None))  # EOF: the process closed stdout or died
 
-    def _read_stderr(self):
-        for line in self.proc.stderr:
-            self._log.write(line)
-            self._log.flush()
-            self.tail.append(line.rstrip("\n"))
-
-    def _who(self) -> str:
+    def who(self) -> str:
         return f"engine `{self.command}`"
-
-    def _log_tail(self) -> str:
-        return ("; its log ends: " + " | ".join(list(self.tail)[-8:])) if self.tail else ""
 
     def send(self, message: dict) -> None:
         try:
             self.proc.stdin.write(json.dumps(message) + "\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
-            raise OutsideError(f"{self._who()} is not reading requests (exit code {self.proc.poll()})"
-                               f"{self._log_tail()}") from None
+            raise OutsideError(f"{self.who()} is not reading requests (exit code {self.proc.poll()})"
+                               f"{self.log_tail()}") from None
 
     def receive_stamped(self, timeout_s: float, waiting_for: str) -> tuple[float, dict]:
         """(arrival time, message) of the next line; OutsideError on EOF, timeout or bad JSON."""
         try:
             t, line = self.lines.get(timeout=timeout_s)
         except queue.Empty:
-            raise OutsideError(f"{self._who()} took longer than {timeout_s:g} s {waiting_for}{self._log_tail()}") from None
+            raise OutsideError(f"{self.who()} took longer than {timeout_s:g} s {waiting_for}{self.log_tail()}") from None
         if line is None:
             code = self.proc.wait(timeout=10)
-            raise OutsideError(f"{self._who()} exited with code {code} while the harness waited for it "
-                               f"{waiting_for}{self._log_tail()}")
+            raise OutsideError(f"{self.who()} exited with code {code} while the harness waited for it "
+                               f"{waiting_for}{self.log_tail()}")
         try:
             message = json.loads(line)
         except json.JSONDecodeError:
-            raise OutsideError(f"{self._who()} wrote a malformed line {line.strip()[:200]!r} (not JSON)") from None
+            raise OutsideError(f"{self.who()} wrote a malformed line {line.strip()[:200]!r} (not JSON)") from None
         if not isinstance(message, dict):
-            raise OutsideError(f"{self._who()} wrote {line.strip()[:200]!r}: every line must be a JSON object")
+            raise OutsideError(f"{self.who()} wrote {line.strip()[:200]!r}: every line must be a JSON object")
         return t, message
 
     def receive(self, timeout_s: float, waiting_for: str) -> dict:
         return self.receive_stamped(timeout_s, waiting_for)[1]
 
-    def close(self, kill: bool = False) -> None:
-        """Stop the engine: EOF on its stdin (the protocol's end), killed if it lingers 10 s (or kill)."""
-        if self.proc.poll() is None:
-            try:
-                if kill:
-                    raise OSError
-                self.proc.stdin.close()
-                self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+
+def log_path(kind: str) -> Path:
+    from harness.fixtures import home
+
+    return home() / "outside-logs" / f"{kind}-{os.getpid()}-{time.time_ns()}.log"
 
 
 @register("subprocess")
@@ -133,10 +157,7 @@ class SubprocessArm(External):
         if not getattr(cfg, "command", None):
             raise Unsupported("method=subprocess needs method.command=<the engine's command line>, e.g. "
                               "'python examples/mlx_lm_adapter.py --model <dir>'")
-        from harness.fixtures import home
-
-        log = home() / "outside-logs" / f"subprocess-{os.getpid()}-{int(time.time())}.log"
-        self.proc = Process(cfg.command, log, cfg.startup_timeout_s)
+        self.proc = Process(cfg.command, log_path("subprocess"), cfg.startup_timeout_s)
         self.timeout_s, self.requests, self.reported = cfg.request_timeout_s, 0, True
 
     def generate(self, prompt, max_new_tokens, sampler, stop_tokens):
