@@ -212,3 +212,155 @@ class SubprocessArm(External):
                 "observed": "token ids and arrival times per line; drafted/accepted "
                             + ("as the engine reported them" if self.reported else "inferred from tokens per line "
                                "(the engine reported none)") + "; no logits, so divergence margins are unavailable"}
+
+
+@register("server")
+class ServerArm(External):
+    """An OpenAI-compatible server (mlx_lm.server, llama.cpp's llama-server, vLLM, your own)
+    streamed over /v1/completions: the prompt ids are sent as their text (chat template
+    already applied, so no server-side template changes them), the streamed text is
+    re-encoded with the target's tokenizer into ids (the record says so), and each chunk's
+    arrival time times it. method.launch starts the server for the cell (health-checked on
+    /health or /v1/models, stopped after, its log kept); without it, method.url must answer."""
+
+    knobs = ("url", "model", "launch", "startup_timeout_s", "request_timeout_s")
+
+    def __init__(self, target, cfg):
+        super().__init__(target, cfg)
+        if not getattr(cfg, "url", None):
+            raise Unsupported("method=server needs method.url=http://host:port (and method.launch=<command> to "
+                              "have the harness start the server)")
+        self.url, self.timeout_s = cfg.url.rstrip("/"), cfg.request_timeout_s
+        self.model = cfg.model  # None: the request names no model, so the server uses the one it loaded
+        self.child = Child(cfg.launch, log_path("server")) if cfg.launch else None
+        self.reported: dict = {}  # what the server said about its drafting (llama.cpp's timings)
+        self.prompt_tokens_seen: list[tuple[int, int]] = []  # (server's prompt token count, ours)
+        try:
+            self.health = self._wait_healthy(cfg.startup_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_healthy(self, timeout_s: float) -> str:
+        import urllib.error
+        import urllib.request
+
+        deadline, last = time.monotonic() + timeout_s, "no answer"
+        while time.monotonic() < deadline:
+            if self.child and self.child.proc.poll() is not None:
+                raise OutsideError(f"server {self.child.who()} exited with code {self.child.proc.returncode} before "
+                                   f"answering {self.url}{self.child.log_tail()}")
+            for path in ("/health", "/v1/models"):
+                try:
+                    with urllib.request.urlopen(self.url + path, timeout=5) as r:
+                        if r.status == 200:
+                            return path
+                        last = f"{path}: HTTP {r.status}"
+                except urllib.error.HTTPError as e:
+                    last = f"{path}: HTTP {e.code}"
+                except (urllib.error.URLError, OSError) as e:
+                    last = f"{path}: {getattr(e, 'reason', e)}"
+            time.sleep(0.25)
+        raise OutsideError(f"server at {self.url} was not healthy within {timeout_s:g} s ({last})"
+                           + (self.child.log_tail() if self.child else ""))
+
+    def _stream(self, body: dict):
+        """(arrival time, chunk) per server-sent event of a streamed POST /v1/completions."""
+        import http.client
+        from urllib.parse import urlsplit
+
+        u = urlsplit(self.url)
+        conn = (http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection)(
+            u.hostname, u.port, timeout=self.timeout_s)
+        try:
+            conn.request("POST", (u.path or "") + "/v1/completions", json.dumps(body),
+                         {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise OutsideError(f"server at {self.url} answered HTTP {resp.status}: {resp.read()[:300]!r}")
+            while True:
+                line = resp.readline()
+                t = time.perf_counter()
+                if not line:
+                    raise OutsideError(f"server at {self.url} closed the stream mid-stream, before `data: [DONE]`"
+                                       f"{self._died()}")
+                line = line.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue  # blank separators, comments, event names
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    return
+                try:
+                    chunk = json.loads(payload)
+                except json.JSONDecodeError:
+                    raise OutsideError(f"server at {self.url} sent a malformed stream chunk {payload[:200]!r}") from None
+                if not isinstance(chunk, dict):
+                    raise OutsideError(f"server at {self.url} sent a stream chunk that is not an object: {payload[:200]!r}")
+                yield t, chunk
+        except (OSError, http.client.HTTPException) as e:
+            raise OutsideError(f"server at {self.url} failed mid-stream: {type(e).__name__}: {e}{self._died()}") from None
+        finally:
+            conn.close()
+
+    def _died(self) -> str:
+        """How the launched server ended, when it has (waited for briefly: a dying server drops the stream first)."""
+        if not self.child:
+            return ""
+        try:
+            code = self.child.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return ""
+        time.sleep(0.1)  # its last log lines
+        return f"; the server exited with code {code}{self.child.log_tail()}"
+
+    def generate(self, prompt, max_new_tokens, sampler, stop_tokens):
+        from harness.loop import Prefill, Round
+
+        body = {"prompt": self.tokenizer.decode(list(prompt)), "max_tokens": max_new_tokens,
+                "temperature": sampler.temperature, "seed": sampler.seed, "stream": True,
+                "stream_options": {"include_usage": True}, **({"model": self.model} if self.model else {})}
+        text, n, last = "", 0, None
+        t0 = time.perf_counter()
+        for t, chunk in self._stream(body):
+            self._note(chunk, len(prompt))
+            piece = "".join(c.get("text") or "" for c in chunk.get("choices") or [])
+            if not piece or n >= max_new_tokens:
+                continue
+            text += piece
+            ids = self.tokenizer.encode(text, add_special_tokens=False)[:max_new_tokens]
+            new, n = ids[n:], len(ids)
+            if not new:
+                continue
+            if last is None:
+                yield Prefill(new[0], t - t0)
+                if len(new) > 1:
+                    yield Round(len(new) - 1, len(new) - 1, new[1:], 0.0, None)
+            else:
+                yield Round(len(new) - 1, len(new) - 1, new, t - last, None)
+            last = t
+        if last is None:
+            raise OutsideError(f"server at {self.url} streamed no text for a prompt of {len(prompt)} tokens")
+
+    def _note(self, chunk: dict, ours: int) -> None:
+        usage = chunk.get("usage") or {}
+        if "prompt_tokens" in usage:
+            self.prompt_tokens_seen.append((usage["prompt_tokens"], ours))
+        timings = chunk.get("timings") or {}  # llama.cpp: drafted and accepted tokens of speculative decoding
+        for key in ("draft_n", "draft_n_accepted"):
+            if key in timings:
+                self.reported[key] = self.reported.get(key, 0) + timings[key]
+
+    def close(self) -> None:
+        if self.child:
+            self.child.close()
+
+    def describe(self):
+        differ = [s for s in self.prompt_tokens_seen if s[0] != s[1]]
+        return {"implementation": f"OpenAI-compatible server at {self.url}", "model": self.model,
+                "launch": self.child.command if self.child else None,
+                "log": str(self.child.log_path) if self.child else None, "health": self.health,
+                "protocol": "POST /v1/completions, stream", "server_reported": self.reported or None,
+                "prompt_tokens_differ": len(differ), "prompt_tokens_checked": len(self.prompt_tokens_seen),
+                "observed": "streamed text re-encoded with the target's tokenizer into ids (not the server's own ids); "
+                            "chunk arrival times; per-round acceptance unobservable over HTTP (llama.cpp's totals "
+                            "are in server_reported); no logits, so divergence margins are unavailable"}

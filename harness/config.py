@@ -47,8 +47,11 @@ class MethodConfig:
     min_ngram: int = 1  # ngram: shortest suffix n-gram to match
     max_ngram: int = 3  # ngram: longest suffix n-gram to match (tried first)
     command: Optional[str] = None  # subprocess: the engine's command line (engines/outside.py: the protocol)
-    startup_timeout_s: float = 300.0  # subprocess: how long the engine may take to write its ready line
-    request_timeout_s: float = 300.0  # subprocess: the longest wait for the engine's next line
+    startup_timeout_s: float = 300.0  # subprocess / server: how long it may take to be ready (healthy)
+    request_timeout_s: float = 300.0  # subprocess / server: the longest wait for its next line / chunk
+    url: Optional[str] = None  # server: http://host:port of an OpenAI-compatible server
+    model: Optional[str] = None  # server: the model name sent in requests (null = none: the one it loaded)
+    launch: Optional[str] = None  # server: command line that starts it for the cell (null = already running)
 
 
 @dataclass

