@@ -9,9 +9,9 @@ import pandas as pd
 from harness import stats
 
 from report import plots
-from report.frames import accept_hists, categories, cells, profiles, prompts
+from report.frames import accept_hists, categories, cells, outside_arms, profiles, prompts
 from report.tables import (CATEGORY_CAPTION, arch_tables, category_tables, divergence_table, model_table,
-                           profile_table, resources_table)
+                           outside_table, profile_table, resources_table)
 
 
 def _distinct(records, get) -> str:
@@ -122,6 +122,7 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
     prof = profiles(records)
     hists = accept_hists(records)
     cat = categories(records)
+    outside = outside_arms(records)
     df.to_csv(root / "report.csv", index=False)
     cat.to_csv(root / "categories.csv", index=False)
     pr.to_csv(root / "prompts.csv", index=False)
@@ -133,6 +134,11 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
     doc = [header(root, records),
            "## Results", "", arch_tables(df),
            "## Results by prompt category", "", CATEGORY_CAPTION, "", category_tables(cat),
+           *(["## Outside implementations", "",
+               "Arms whose generation loop is not the harness's: reference implementations, engine processes "
+               "(subprocess protocol) and servers. They are timed on the same prompts the same way; what each "
+               "cannot show (logits, per-round acceptance, its own token ids) is named here and left `-` in "
+               "the tables above.", "", outside_table(outside), ""] if len(outside) else []),
            "## Divergence from the reference", "",
            "Where an output leaves the reference arm's output: the reference's own top-1/top-2 score margin at "
            "that position (a margin at float-noise level is a numerical near-tie, a wide one a bug) and the rank "

@@ -217,3 +217,22 @@ def category_summary(items: list[dict]) -> dict:
                acceptance_rate=accepted / drafted if drafted else None,
                per_position_acceptance=[a / n if n else None for a, n in zip(accepted_at, proposed_at)])
     return out
+
+
+def outside_arms(records) -> pd.DataFrame:
+    """One row per arm implemented outside the harness's engines (a reference implementation,
+    an engine process, a server): which implementation, its version and command, what it could
+    not show. Read from the records' `engine` and `reference_engine` descriptions."""
+    rows = []
+    for _, rec in records:
+        for arm, d in (("method", rec.get("engine")), ("reference", rec.get("reference_engine"))):
+            if isinstance(d, dict) and d.get("implementation"):
+                rows.append({"cell_id": rec["cell_id"], "method": rec["cell"]["method"].get("name")
+                             if isinstance(rec["cell"].get("method"), dict) else rec["cell"].get("method"),
+                             "reference": rec["cell"].get("reference") or "base", "arm": arm,
+                             "implementation": d["implementation"], "version": d.get("version"),
+                             "launch": d.get("launch") or d.get("command"), "observed": d.get("observed"),
+                             "status": rec.get("status")})
+    return pd.DataFrame(rows, columns=["cell_id", "method", "reference", "arm", "implementation", "version",
+                                       "launch", "observed", "status"])
+

@@ -252,3 +252,12 @@ def category_tables(cat: pd.DataFrame) -> str:
                              *[fmt(g.loc[k]) if k in g.index else "-" for k in order]])
             parts.append(f"{title}:\n\n{_md(rows, ['method', 'block', 'kv', *order])}\n\n")
     return "".join(parts)
+
+
+def outside_table(df: pd.DataFrame) -> str:
+    """Arms implemented outside the harness: implementation, version, launch command, what it could not show."""
+    rows = [[f"{r['method']} vs {r['reference']}", r["arm"], _one_line(r["implementation"]), _fmt(r["version"], "s"),
+             _one_line(r["launch"]) if r["launch"] else "-", _one_line(r["observed"]) if r["observed"] else "-"]
+            for _, r in df.drop_duplicates(["method", "reference", "arm", "implementation", "launch"]).iterrows()]
+    return _md(rows, ["cell", "arm", "implementation", "version", "launch", "not observable / how observed"])
+

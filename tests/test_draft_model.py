@@ -85,6 +85,11 @@ def test_mlx_lm_speculative_reference_gives_a_paired_record_with_the_same_tokens
     assert rec["engine"]["k"] == 3 and rec["engine"]["drafter_model_type"] == "llama"
     ref = rec["reference_engine"]
     assert ref["implementation"] == "mlx_lm.generate.speculative_generate_step" and ref["k"] == 3
+    from report.document import write
+
+    md = write(out)[0].read_text()  # the report names the outside implementation the ratio is against
+    section = md.split("## Outside implementations", 1)[1].split("\n## ", 1)[0]
+    assert "| draft_model vs mlx_lm_spec | reference | mlx_lm.generate.speculative_generate_step |" in section
 
 
 def test_draft_models_it_cannot_run_exactly_are_refused(models, tmp_path):
