@@ -45,7 +45,8 @@ def test_invalid_values_are_rejected_with_the_valid_ones(overrides, message):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["method=nope"], "available: base, control, control_b8, dflash_a, dflash_c, dflash_zlab, eagle3, mlx_lm, mtp, ngram, ngram_b8"),
+    (["method=nope"], "available: base, control, control_b8, dflash_a, dflash_c, dflash_zlab, draft_model, eagle3, mlx_lm, "
+                      "mlx_lm_spec, mtp, ngram, ngram_b8, server, subprocess"),
     (["method=base,nope"], "unknown method 'nope'"),
     (["bench.reps_typo=2"], "bench has: suite"),
     (["+sweep=nope"], "available: gemma4, llama, qwen35, smollm2"),
