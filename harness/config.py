@@ -35,6 +35,7 @@ class ArchConfig:
 @dataclass
 class MethodConfig:
     name: str = MISSING  # a registered engine: base, ngram, control, dflash_a, dflash_c, mtp, eagle3, mlx_lm, dflash_zlab
+    label: Optional[str] = None  # a name of your own for the arm in reports (e.g. llama.cpp+lookup); part of the cell
     block_size: Optional[int] = None  # tokens verified per round = K drafts + 1; base ignores it;
     #                                   dflash: null = the drafter's own block_size
     drafter: Optional[str] = None  # dflash: drafter dir or fixture:<name>; null = the fixture arch's own;

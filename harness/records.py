@@ -28,6 +28,8 @@ def canonical_cell(cfg) -> dict:
     """The parts of the config that decide the measurement, nothing else."""
     knobs = knobs_of(cfg.method.name)
     method = {"name": cfg.method.name, **{k: cfg.method[k] for k in knobs}}
+    if cfg.method.get("label"):  # a name of the user's for this arm (two servers launched two ways)
+        method["label"] = cfg.method.label
     dispatch = {k: v for k, v in OmegaConf.to_container(cfg.dispatch).items() if v is not None}
     arch = OmegaConf.to_container(cfg.arch, resolve=True)
     if arch.get("gguf_dequantize", True):

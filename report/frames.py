@@ -62,7 +62,7 @@ def arch_labels(records) -> dict[str, str]:
 def _keys(rec: dict, labels: dict[str, str]) -> dict:
     # The columns that name a cell in every frame.
     cell = rec["cell"]
-    method = cell["method"]["name"]
+    method = cell["method"].get("label") or cell["method"]["name"]
     if cell.get("reference") not in (None, "base"):
         method += f" vs {cell['reference']}"  # paired against another method, not base
     if cell.get("dispatch"):  # set on the command line: cells that differ only in it must not look alike
@@ -227,8 +227,8 @@ def outside_arms(records) -> pd.DataFrame:
     for _, rec in records:
         for arm, d in (("method", rec.get("engine")), ("reference", rec.get("reference_engine"))):
             if isinstance(d, dict) and d.get("implementation"):
-                rows.append({"cell_id": rec["cell_id"], "method": rec["cell"]["method"].get("name")
-                             if isinstance(rec["cell"].get("method"), dict) else rec["cell"].get("method"),
+                m = rec["cell"]["method"]
+                rows.append({"cell_id": rec["cell_id"], "method": m.get("label") or m["name"],
                              "reference": rec["cell"].get("reference") or "base", "arm": arm,
                              "implementation": d["implementation"], "version": d.get("version"),
                              "launch": d.get("launch") or d.get("command"), "observed": d.get("observed"),

@@ -18,7 +18,8 @@ SMOKE = ["arch=llama", "arch.dtype=float32", "bench=smoke", "bench.max_prompts=2
 
 def test_the_mlx_lm_adapter_gives_base_tokens_with_its_own_timings(tmp_path):
     cmd = f"{sys.executable} {REPO / 'examples' / 'mlx_lm_adapter.py'} --model {fixture_dir('llama')} --dtype float32"
-    r = harness("method=subprocess", f"method.command='{cmd}'", *SMOKE, f"out_dir={tmp_path}")
+    r = harness("method=subprocess", f"method.command='{cmd}'", "method.label=mlx-lm adapter", *SMOKE,
+                f"out_dir={tmp_path}")
     assert r.returncode == 0, r.stderr[-2000:]
     (rec,) = records(tmp_path).values()
     assert rec["status"] == "ok", rec.get("reason")
@@ -28,6 +29,9 @@ def test_the_mlx_lm_adapter_gives_base_tokens_with_its_own_timings(tmp_path):
     e = rec["engine"]
     assert e["implementation"].startswith("mlx_lm.generate_step") and e["protocol"] == "subprocess JSON lines"
     assert "examples/mlx_lm_adapter.py" in e["command"] and "inferred" in e["observed"]
+    from report.frames import cells
+
+    assert list(cells(tmp_path)["method"]) == ["mlx-lm adapter"]  # the arm's label names it in the report
 
 
 ENGINES = {  # a broken engine each, and what its error record must say
