@@ -363,4 +363,7 @@ class ServerArm(External):
                 "prompt_tokens_differ": len(differ), "prompt_tokens_checked": len(self.prompt_tokens_seen),
                 "observed": "streamed text re-encoded with the target's tokenizer into ids (not the server's own ids); "
                             "chunk arrival times; per-round acceptance unobservable over HTTP (llama.cpp's totals "
-                            "are in server_reported); no logits, so divergence margins are unavailable"}
+                            "are in server_reported); no logits, so divergence margins are unavailable"
+                            + (f"; THE SERVER TOKENIZED {len(differ)} OF {len(self.prompt_tokens_seen)} PROMPTS TO "
+                               "ANOTHER LENGTH than the harness's ids (e.g. a BOS added twice): it answered other "
+                               "prompts" if differ else "")}
