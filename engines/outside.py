@@ -364,6 +364,6 @@ class ServerArm(External):
                 "observed": "streamed text re-encoded with the target's tokenizer into ids (not the server's own ids); "
                             "chunk arrival times; per-round acceptance unobservable over HTTP (llama.cpp's totals "
                             "are in server_reported); no logits, so divergence margins are unavailable"
-                            + (f"; THE SERVER TOKENIZED {len(differ)} OF {len(self.prompt_tokens_seen)} PROMPTS TO "
-                               "ANOTHER LENGTH than the harness's ids (e.g. a BOS added twice): it answered other "
+                            + (f"; warning: the server tokenized {len(differ)} of {len(self.prompt_tokens_seen)} prompts to "
+                               "another length than the harness's ids (e.g. a BOS added twice), so it answered other "
                                "prompts" if differ else "")}
