@@ -304,21 +304,22 @@ def test_zlab_reference_runs_a_trained_dflash_drafter_with_the_same_tokens_and_d
     from tests.test_lossless import _units
 
     out = tmp_path / "d"
-    assert run("harness.train", "train=dflash", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'llama'}",
-               "train.steps=30", *SMALL).returncode == 0
+    more = ["data.n_prompts=60", "data.batch=30", "data.max_new_tokens=48", "train.num_anchors=16"]  # a drafter that drafts
+    assert run("harness.train", "train=dflash", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'zlab'}",
+               "train.steps=150", "train.export=last", *SMALL, *more).returncode == 0
     model, tok = models["llama"]
     cfg = SimpleNamespace(block_size=None, drafter=str(out), verify="batched")
     ours, ref = DFlashA(Target(model), cfg), DFlashZlab(Target(model), cfg)
     ref.tokenizer = tok
     accepted = 0
-    for uid, ids in list(_units(tok))[:3]:
+    for uid, ids in list(_units(tok))[:6]:
         a, b = generate_ids(ours, ids, 24), generate_ids(ref, ids, 24)
         assert a.tokens == b.tokens, uid
         # z-lab drafts fewer tokens when fewer than a block remain: compare the rounds with full blocks
         full = [(x.accepted, y.accepted) for x, y in zip(a.rounds, b.rounds) if x.drafted == y.drafted]
         assert len(full) >= len(b.rounds) - 2 and all(x == y for x, y in full), (uid, full)
         accepted += sum(x for x, _ in full)
-    assert accepted > 0
+    assert accepted > 0, "no draft accepted: the comparison would prove little"
 
 
 def test_dflash_blocks_see_answer_anchors_with_data_token_labels(models):
