@@ -6,8 +6,9 @@ Spec-Bench's SpS row).
 The draft model runs through its own Target, so its cache gets the same exact rollback as
 the target's (a recurrent draft model included; a sliding-window one is refused, as its
 single-token steps rotate the window in place): each draft step marks the draft cache,
-and rollback rewinds it to the mark of the last accepted draft. At temperature > 0 the drafts are sampled from the draft model's q and
-the loop applies speculative sampling, so the output keeps the target's distribution.
+and rollback rewinds it to the mark of the last accepted draft. At temperature > 0 the
+drafts are sampled from the draft model's q and the loop applies speculative sampling, so
+the output keeps the target's distribution.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from mlx_lm.models.cache import RotatingKVCache
 from engines.base import Draft, DrafterError, Engine, Unsupported, register
 from engines.hidden import activation_dtype, vocab_size
 from engines.target import Target
+
+
+DEFAULT_BLOCK_SIZE = 4  # K = 3 drafts per round when method.block_size is null
 
 
 def load_draft_model(path: Path, target: Target):
@@ -49,7 +53,7 @@ class DraftModel(Engine):
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
-        self.k = (cfg.block_size or 4) - 1
+        self.k = (cfg.block_size or DEFAULT_BLOCK_SIZE) - 1
         if self.k < 1:
             raise Unsupported(f"draft_model needs method.block_size >= 2 (one draft or more); got {cfg.block_size}")
         self.path = Path(cfg.drafter)

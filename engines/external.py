@@ -49,23 +49,42 @@ class External(Engine):
         return list(getattr(self, "_caches", []))
 
 
-def _events(responses, t0: float, split_first: bool = False):
-    """(Prefill, Round...) from an iterator of (tokens emitted, tokens drafted, [V] log-probabilities
-    or None) per step. split_first: the first step is a verify round (mlx-lm's speculative loop
-    drafts before its first token), so its first token is the Prefill event and the round that
-    produced it keeps its drafted and accepted counts with the rest of its tokens."""
+def stamped_events(steps, t0: float):
+    """(Prefill, Round...) from an iterator of (arrival time, tokens emitted, drafted, accepted,
+    [V] log-probabilities or None) per step, for every arm whose loop is not the harness's.
+    A first step that drafted was a whole verify round (mlx-lm's speculative loop, an engine or
+    server that answers per round): its first token is the Prefill event, and the rest of the
+    round, which arrived with it, a Round that keeps its drafted and accepted counts."""
     from harness.loop import Prefill, Round
 
     last = None
-    for emitted, drafted, scores in responses:
-        now = time.perf_counter()
+    for t, emitted, drafted, accepted, scores in steps:
         if last is None:
-            yield Prefill(emitted[0], now - t0, scores=scores)
-            if split_first and drafted:
-                yield Round(drafted, len(emitted) - 1, list(emitted[1:]), time.perf_counter() - now, None)
+            yield Prefill(emitted[0], t - t0, scores=scores)
+            if drafted:
+                yield Round(drafted, accepted, list(emitted[1:]), 0.0, None)
         else:
-            yield Round(drafted, len(emitted) - 1, list(emitted), now - last, None, scores=scores)
-        last = now
+            yield Round(drafted, accepted, list(emitted), t - last, None, scores=scores)
+        last = t
+
+
+def _events(responses, t0: float):
+    """stamped_events over (tokens emitted, tokens drafted, scores) per step, each stamped as it
+    arrives, all but the bonus token of a step accepted."""
+    return stamped_events(((time.perf_counter(), e, d, len(e) - 1, s) for e, d, s in responses), t0)
+
+
+def refuse_cast_kv(target, arm: str) -> None:
+    """Unsupported for a float16/bfloat16 KV cache, which mlx-lm's loops cannot store."""
+    if target.kv in ("float16", "bfloat16"):
+        raise Unsupported(f"mlx-lm has no {target.kv} KV storage option; pair {arm} with kv=native, q8 or q4")
+
+
+def kv_quantization(target) -> dict:
+    """mlx-lm's generate-step arguments that quantize its KV cache as the cell's kv=q8/q4 does."""
+    if target.kv not in ("q8", "q4"):
+        return {}
+    return {"kv_bits": int(target.kv[1:]), "kv_group_size": target.kv_group_size, "quantized_kv_start": 0}
 
 
 @register("mlx_lm", "mlx-lm")
@@ -76,21 +95,18 @@ class MlxLm(External):
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
-        if target.kv in ("float16", "bfloat16"):
-            raise Unsupported(f"mlx-lm has no {target.kv} KV storage option; pair mlx_lm with kv=native, q8 or q4")
+        refuse_cast_kv(target, "mlx_lm")
 
     def generate(self, prompt, max_new_tokens, sampler, stop_tokens):
         from mlx_lm.generate import generate_step
         from mlx_lm.models.cache import make_prompt_cache
 
         self._caches = make_prompt_cache(self.target.model)
-        quantized = {"kv_bits": int(self.target.kv[1:]), "kv_group_size": self.target.kv_group_size,
-                     "quantized_kv_start": 0} if self.target.kv in ("q8", "q4") else {}
         pos = itertools.count()  # its sampler is called once per output position, in order (and once past the end)
         pick = lambda logprobs: sampler.choose(logprobs, next(pos))
         t0 = time.perf_counter()
         steps = generate_step(mx.array(prompt), self.target.model, max_tokens=max_new_tokens, sampler=pick,
-                              prompt_cache=self._caches, **quantized)
+                              prompt_cache=self._caches, **kv_quantization(self.target))
 
         def tokens():
             for tok, logprobs in steps:
@@ -119,13 +135,12 @@ class MlxLmSpec(External):
     def __init__(self, target, cfg):
         from mlx_lm.models.cache import RotatingKVCache, can_trim_prompt_cache, make_prompt_cache
 
-        from engines.draft_model import load_draft_model
+        from engines.draft_model import DEFAULT_BLOCK_SIZE, load_draft_model
 
         super().__init__(target, cfg)
-        if target.kv in ("float16", "bfloat16"):
-            raise Unsupported(f"mlx-lm has no {target.kv} KV storage option; pair mlx_lm_spec with kv=native, q8 or q4")
+        refuse_cast_kv(target, "mlx_lm_spec")
         self.draft_model, self.config = load_draft_model(Path(cfg.drafter), target)
-        self.k = (cfg.block_size or 4) - 1
+        self.k = (cfg.block_size or DEFAULT_BLOCK_SIZE) - 1
         fresh = make_prompt_cache(target.model) + make_prompt_cache(self.draft_model)
         if not can_trim_prompt_cache(fresh):
             kinds = sorted({type(c).__name__ for c in fresh if not c.is_trimmable()})
@@ -139,8 +154,6 @@ class MlxLmSpec(External):
         from mlx_lm.models.cache import make_prompt_cache
 
         self._caches = make_prompt_cache(self.target.model) + make_prompt_cache(self.draft_model)
-        quantized = {"kv_bits": int(self.target.kv[1:]), "kv_group_size": self.target.kv_group_size,
-                     "quantized_kv_start": 0} if self.target.kv in ("q8", "q4") else {}
         t0 = time.perf_counter()
         # Its sampler sees the draft model's and the target's rows alike, so positions cannot key
         # the noise: greedy is exact, and T > 0 draws with MLX's global generator.
@@ -148,8 +161,8 @@ class MlxLmSpec(External):
             (lambda lp: mx.random.categorical(lp / sampler.temperature))
         steps = speculative_generate_step(mx.array(prompt), self.target.model, self.draft_model,
                                           num_draft_tokens=self.k, max_tokens=max_new_tokens, sampler=pick,
-                                          prompt_cache=self._caches, **quantized)
-        yield from _events(self._rounds(steps, stop_tokens, max_new_tokens), t0, split_first=True)
+                                          prompt_cache=self._caches, **kv_quantization(self.target))
+        yield from _events(self._rounds(steps, stop_tokens, max_new_tokens), t0)
 
     def _rounds(self, steps, stop_tokens, max_new_tokens):
         # Its tokens arrive one by one, flagged from_draft; a target token closes each verify.

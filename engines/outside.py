@@ -31,13 +31,24 @@ from collections import deque
 from pathlib import Path
 
 from engines.base import Unsupported, register
-from engines.external import External
+from engines.external import External, stamped_events
 
 STDERR_TAIL = 40  # lines of the engine's log quoted in an error
 
 
 class OutsideError(RuntimeError):
     """An outside engine failed; the message names how and quotes its log."""
+
+
+def json_object(text: str, malformed: str) -> dict:
+    """The JSON object `text` holds; OutsideError starting with `malformed` when it holds none."""
+    try:
+        message = json.loads(text)
+    except json.JSONDecodeError:
+        raise OutsideError(f"{malformed} {text.strip()[:200]!r} (not JSON)") from None
+    if not isinstance(message, dict):
+        raise OutsideError(f"{malformed} {text.strip()[:200]!r} (not a JSON object)")
+    return message
 
 
 class Child:
@@ -71,18 +82,19 @@ class Child:
         return ("; its log ends: " + " | ".join(list(self.tail)[-8:])) if self.tail else ""
 
     def close(self, kill: bool = False) -> None:
-        """Stop it: EOF on its stdin (the subprocess protocol's end) or SIGTERM, killed if it lingers 10 s."""
-        if self.proc.poll() is None:
+        """Stop it: EOF on its stdin (the subprocess protocol's end) or SIGTERM, killed if it lingers
+        10 s, or at once with kill."""
+        if self.proc.poll() is None and not kill:
             try:
-                if kill:
-                    raise OSError
                 self.proc.stdin.close()
-                if self.proc.stdout is None or self.proc.stdout is self._log:
-                    self.proc.terminate()  # a server does not end at EOF
+                if self.proc.stdout is None:  # its stdout goes to the log: a server, which does not end at EOF
+                    self.proc.terminate()
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
         self._log.close()
 
 
@@ -128,13 +140,7 @@ class Process(Child):
             code = self.proc.wait(timeout=10)
             raise OutsideError(f"{self.who()} exited with code {code} while the harness waited for it "
                                f"{waiting_for}{self.log_tail()}")
-        try:
-            message = json.loads(line)
-        except json.JSONDecodeError:
-            raise OutsideError(f"{self.who()} wrote a malformed line {line.strip()[:200]!r} (not JSON)") from None
-        if not isinstance(message, dict):
-            raise OutsideError(f"{self.who()} wrote {line.strip()[:200]!r}: every line must be a JSON object")
-        return t, message
+        return t, json_object(line, f"{self.who()} wrote a malformed line")
 
     def receive(self, timeout_s: float, waiting_for: str) -> dict:
         return self.receive_stamped(timeout_s, waiting_for)[1]
@@ -161,15 +167,17 @@ class SubprocessArm(External):
         self.timeout_s, self.requests, self.reported = cfg.request_timeout_s, 0, True
 
     def generate(self, prompt, max_new_tokens, sampler, stop_tokens):
-        from harness.loop import Prefill, Round
+        t0 = time.perf_counter()
+        yield from stamped_events(self._lines(prompt, max_new_tokens, sampler, stop_tokens), t0)
 
+    def _lines(self, prompt, max_new_tokens, sampler, stop_tokens):
+        # (arrival time, tokens, drafted, accepted, None) per token line of one request
         self.requests += 1
         rid = self.requests
-        t0 = time.perf_counter()
         self.proc.send({"type": "generate", "id": rid, "prompt_ids": list(map(int, prompt)),
                         "max_new_tokens": max_new_tokens, "temperature": sampler.temperature, "seed": sampler.seed,
                         "stop_ids": sorted(stop_tokens)})
-        last, n = None, 0
+        n = 0
         while True:
             t, m = self.proc.receive_stamped(self.timeout_s, f"for tokens of request {rid}")
             if m.get("id") != rid:
@@ -187,13 +195,7 @@ class SubprocessArm(External):
             if drafted is None or accepted is None:
                 self.reported = False
                 drafted = accepted = len(tokens) - 1 if len(m["tokens"]) > 1 else 0
-            if last is None:
-                yield Prefill(tokens[0], t - t0)
-                if drafted:  # the first line was a whole round: the rest of it arrived with the first token
-                    yield Round(drafted, accepted, tokens[1:], 0.0, None)
-            else:
-                yield Round(drafted, accepted, tokens, t - last, None)
-            last = t
+            yield t, tokens, drafted, accepted, None
             if n >= max_new_tokens or set(tokens) & stop_tokens:
                 break
         if n == 0:
@@ -290,13 +292,7 @@ class ServerArm(External):
                 payload = line[5:].strip()
                 if payload == "[DONE]":
                     return
-                try:
-                    chunk = json.loads(payload)
-                except json.JSONDecodeError:
-                    raise OutsideError(f"server at {self.url} sent a malformed stream chunk {payload[:200]!r}") from None
-                if not isinstance(chunk, dict):
-                    raise OutsideError(f"server at {self.url} sent a stream chunk that is not an object: {payload[:200]!r}")
-                yield t, chunk
+                yield t, json_object(payload, f"server at {self.url} sent a malformed stream chunk")
         except (OSError, http.client.HTTPException) as e:
             raise OutsideError(f"server at {self.url} failed mid-stream: {type(e).__name__}: {e}{self._died()}") from None
         finally:
@@ -314,32 +310,27 @@ class ServerArm(External):
         return f"; the server exited with code {code}{self.child.log_tail()}"
 
     def generate(self, prompt, max_new_tokens, sampler, stop_tokens):
-        from harness.loop import Prefill, Round
-
         body = {"prompt": self.tokenizer.decode(list(prompt)), "max_tokens": max_new_tokens,
                 "temperature": sampler.temperature, "seed": sampler.seed, "stream": True,
                 "stream_options": {"include_usage": True}, **({"model": self.model} if self.model else {})}
-        text, n, last = "", 0, None
         t0 = time.perf_counter()
+        yield from stamped_events(self._chunks(body, len(prompt), max_new_tokens), t0)
+
+    def _chunks(self, body: dict, prompt_len: int, max_new_tokens: int):
+        # (arrival time, new ids, drafted, accepted, None) per stream chunk that completes a token
+        text, n = "", 0
         for t, chunk in self._stream(body):
-            self._note(chunk, len(prompt))
+            self._note(chunk, prompt_len)
             piece = "".join(c.get("text") or "" for c in chunk.get("choices") or [])
             if not piece or n >= max_new_tokens:
                 continue
             text += piece
             ids = self.tokenizer.encode(text, add_special_tokens=False)[:max_new_tokens]
             new, n = ids[n:], len(ids)
-            if not new:
-                continue
-            if last is None:
-                yield Prefill(new[0], t - t0)
-                if len(new) > 1:
-                    yield Round(len(new) - 1, len(new) - 1, new[1:], 0.0, None)
-            else:
-                yield Round(len(new) - 1, len(new) - 1, new, t - last, None)
-            last = t
-        if last is None:
-            raise OutsideError(f"server at {self.url} streamed no text for a prompt of {len(prompt)} tokens")
+            if new:
+                yield t, new, len(new) - 1, len(new) - 1, None
+        if n == 0:
+            raise OutsideError(f"server at {self.url} streamed no text for a prompt of {prompt_len} tokens")
 
     def _note(self, chunk: dict, ours: int) -> None:
         usage = chunk.get("usage") or {}

@@ -168,18 +168,27 @@ def _name(step: int) -> str:
     return f"step-{step:07d}"
 
 
-def save(ckdir: Path, module, opt, state: State) -> Path:
-    """Weights, optimizer state and loop state of `state.step`, atomically; older ones pruned."""
-    ckdir.mkdir(parents=True, exist_ok=True)
-    tmp = ckdir / f".tmp-{_name(state.step)}-{os.getpid()}"
+def _replace_dir(final: Path, fill) -> None:
+    """`final` written by fill(tmp) into a temp dir beside it and renamed over it, so a kill
+    mid-write leaves the previous one intact."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    mx.save_safetensors(str(tmp / "weights.safetensors"), dict(tree_flatten(module.parameters())))
-    mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
-    (tmp / "state.json").write_text(json.dumps(state.__dict__))
-    final = ckdir / _name(state.step)
+    fill(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
+
+
+def save(ckdir: Path, module, opt, state: State) -> Path:
+    """Weights, optimizer state and loop state of `state.step`, atomically; older ones pruned."""
+    def fill(tmp: Path) -> None:
+        mx.save_safetensors(str(tmp / "weights.safetensors"), dict(tree_flatten(module.parameters())))
+        mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
+        (tmp / "state.json").write_text(json.dumps(state.__dict__))
+
+    final = ckdir / _name(state.step)
+    _replace_dir(final, fill)
     for old in sorted(p for p in ckdir.iterdir() if p.name.startswith("step-"))[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -187,14 +196,11 @@ def save(ckdir: Path, module, opt, state: State) -> Path:
 
 def save_best(ckdir: Path, module, step: int) -> None:
     """The weights of the lowest held-out loss so far (ckdir/best), atomically."""
-    ckdir.mkdir(parents=True, exist_ok=True)
-    tmp = ckdir / f".tmp-best-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    mx.save_safetensors(str(tmp / "weights.safetensors"), dict(tree_flatten(module.parameters())))
-    (tmp / "step.json").write_text(json.dumps({"step": step}))
-    shutil.rmtree(ckdir / "best", ignore_errors=True)
-    os.replace(tmp, ckdir / "best")
+    def fill(tmp: Path) -> None:
+        mx.save_safetensors(str(tmp / "weights.safetensors"), dict(tree_flatten(module.parameters())))
+        (tmp / "step.json").write_text(json.dumps({"step": step}))
+
+    _replace_dir(ckdir / "best", fill)
 
 
 def load_best(ckdir: Path, module) -> int | None:
