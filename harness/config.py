@@ -57,18 +57,20 @@ class MethodConfig:
 
 @dataclass
 class BenchConfig:
-    suite: str = "builtin"  # builtin | mtbench | humaneval | a local .jsonl, or several joined by + (harness/prompts)
+    suite: str = "builtin"  # builtin | mtbench | humaneval | gsm8k | a local .jsonl, or several joined by + (harness/prompts)
     categories: List[str] = field(default_factory=list)  # keep only these categories; empty = all
     max_prompts: Optional[int] = None  # first N prompts after filtering; null = all
     per_category: Optional[int] = None  # first N prompts of each category (before max_prompts); null = all
     max_new_tokens: int = 64
     warmup: int = 1  # untimed generations per arm before timing (first calls compile)
     warmup_scope: str = "auto"  # first: before the first prompt; every: before each prompt; auto: every on GPUs
+    warmup_tokens: Optional[int] = None  # tokens of the warm-up on prompts after the first; null = max(8, 2 x block)
     reps: int = 3  # timed generations per arm and prompt, interleaved method/base
     cooldown_s: float = 0.0  # sleep between reps (laptops throttle: 60 s is common there)
     seed: int = 0
     temperature: float = 0.0  # 0 = greedy
     profile: bool = True  # one extra, separately timed pass per prompt with per-phase barriers
+    profile_every: int = 1  # profile every Nth prompt (turn) only, the first included
     chat_template: bool = True  # wrap turns in the tokenizer's chat template when it has one
     stop_at_eos: bool = False  # benchmarks generate exactly max_new_tokens by default
     truncate_prompts: bool = False  # a prompt too long for the model's context: false refuses the cell,
@@ -195,7 +197,7 @@ def validate(cfg) -> None:
             raise ConfigError(f"bench.{key}={getattr(b, key)} is not valid; it must be >= {low}")
     if b.temperature < 0:
         raise ConfigError(f"bench.temperature={b.temperature} is not valid; use 0 (greedy) or a positive value")
-    for key in ("max_prompts", "per_category"):
+    for key in ("max_prompts", "per_category", "warmup_tokens", "profile_every"):
         if getattr(b, key) is not None and getattr(b, key) < 1:
             raise ConfigError(f"bench.{key}={getattr(b, key)} is not valid; use null (all) or a count >= 1")
 

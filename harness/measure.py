@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -324,44 +325,53 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
     answers: dict[str, list[str]] = {}
     calibration = None
     warm_every = warmup_every_prompt(bench)
+    wall = WallClock()
     for u, (prompt, turn) in enumerate(units):
         ids = encode_turn(tokenizer, prompt, turn, answers.get(prompt.id, []), bench.chat_template)
         ids, cut_from = fit_prompt(ids, bench.max_new_tokens, arms.block, context, _where(prompt, turn),
                                    bench.truncate_prompts)
 
-        def run(eng, profile=False, keep_scores=False):
-            return run_generation(eng, ids, bench.max_new_tokens, sampler, profile, stop, keep_scores)
+        def run(eng, profile=False, keep_scores=False, max_new_tokens=bench.max_new_tokens):
+            return run_generation(eng, ids, max_new_tokens, sampler, profile, stop, keep_scores)
 
         if u == 0 or warm_every:
-            if u == 0:
-                log(f"  warm-up: {bench.warmup} generation(s) per arm")
             HEARTBEAT.start(f"the warm-up of {_where(prompt, turn)}")
-            warm = _warm_up(arms, run, bench.warmup)
+            with wall("warmup"):
+                if u == 0:
+                    log(f"  warm-up: {bench.warmup} generation(s) per arm")
+                    warm = _warm_up(arms, run, bench.warmup)
+                else:  # later prompts bring new shapes (their prefill), not new code: a short generation compiles them
+                    _warm_up(arms, lambda eng: run(eng, max_new_tokens=_later_warmup_tokens(bench, arms.block)),
+                             min(bench.warmup, 1))
         if u == 0:
             log(f"  calibration: verify of {len(verify_sizes(arms.block))} sizes up to {arms.block} tokens")
             HEARTBEAT.start("the calibration")
-            calibration = _calibrate_cell(arms, ids, sampler, warm, context)
-            if calibration.get("rollback", {}).get("switched"):
-                _warm_up(arms, run, min(bench.warmup, 1))  # the chosen strategy's shapes, before timing
+            with wall("calibrate"):
+                calibration = _calibrate_cell(arms, ids, sampler, warm, context)
+                if calibration.get("rollback", {}).get("switched"):
+                    _warm_up(arms, run, min(bench.warmup, 1))  # the chosen strategy's shapes, before timing
         HEARTBEAT.start(f"the timed reps of {_where(prompt, turn)} (turn {u + 1}/{len(units)})")
-        gm, gb, order = _timed_reps(arms, run, u, bench)
+        with wall("timed_reps"):
+            gm, gb, order = _timed_reps(arms, run, u, bench)
         for reps, gens in ((reps_m, gm), (reps_b, gb)):
             for r, g in enumerate(gens):
                 reps[r].append(g)
         ref = gb[0] if arms.base else gm[0]
         answers.setdefault(prompt.id, []).append(tokenizer.decode(ref.tokens))
         HEARTBEAT.start(f"the profiled runs of {_where(prompt, turn)}")
-        prof = run(arms.method, profile=True) if bench.profile else None
+        with wall("profile"):
+            prof = run(arms.method, profile=True) if profiled(bench, u) else None
+            bprof = run(arms.base, profile=True) if prof and arms.base and arms.reference_is_base else None
         item = _prompt_item(prompt, turn, ids, gm, gb, prof)
         item["arm_order"] = order
         if cut_from is not None:
             item["truncated_from"] = cut_from  # prompt tokens before bench.truncate_prompts kept the last ones
-        if prof and arms.base and arms.reference_is_base:
-            bprof = run(arms.base, profile=True)
+        if bprof:
             item["base_profile"] = {"rounds_detail": _round_table(bprof), "first_token": _first_token(bprof)}
         if item["first_divergence"] is not None:
-            item["divergence"] = divergence_margin(arms.base or arms.method, ref, ids, gm[0].tokens,
-                                                   item["first_divergence"])
+            with wall("divergence"):
+                item["divergence"] = divergence_margin(arms.base or arms.method, ref, ids, gm[0].tokens,
+                                                       item["first_divergence"])
         items.append(item)
         if progress:
             progress(u + 1, len(units))
@@ -370,7 +380,32 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
     summary["verify_cost_ratio"] = calibration["verify_cost_ratio"]  # verify of a full block / one decode step
     summary["model"] = speedup_model(items, summary, calibration, arms.block,
                                      arms.method.incremental_verify, arms.method.verifies_full_block)
-    return {"prompts": items, "calibration": calibration, "summary": summary}
+    return {"prompts": items, "calibration": calibration, "summary": summary, "wall": wall.seconds}
+
+
+class WallClock:
+    """Seconds spent per part of a cell (`with clock("part"): ...`), summed over the cell."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, part: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[part] = round(self.seconds.get(part, 0.0) + time.perf_counter() - t0, 3)
+
+
+def profiled(bench, unit: int) -> bool:
+    """Whether prompt (turn) `unit` gets the profiled runs: every bench.profile_every-th turn."""
+    return bool(bench.profile) and unit % max(1, bench.profile_every) == 0
+
+
+def _later_warmup_tokens(bench, block: int) -> int:
+    # Enough tokens for a prompt's prefill and its first few rounds (bench.warmup_tokens overrides).
+    return min(bench.max_new_tokens, bench.warmup_tokens or max(8, 2 * block))
 
 
 def _warm_up(arms: Arms, run, n: int) -> Generation | None:
@@ -451,7 +486,7 @@ def _prompt_item(prompt: Prompt, turn: int, ids, gm: list[Generation], gb: list[
                  prof: Generation | None) -> dict:
     g = gm[0]
     ref = gb[0].tokens if gb else g.tokens
-    item = {"id": prompt.id, "category": prompt.category, "turn": turn, "prompt_tokens": len(ids),
+    item = {"id": prompt.id, "category": prompt.category, "suite": prompt.suite, "turn": turn, "prompt_tokens": len(ids),
             "tokens": g.tokens, "n_tokens": len(g.tokens),
             "deterministic": all(x.tokens == g.tokens for x in gm[1:] + ([prof] if prof else [])),
             **_timings(gm), **g.acceptance(), **divergence(g.tokens, ref),

