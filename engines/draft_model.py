@@ -18,7 +18,9 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache
 
+from engines import shared_weights
 from engines.base import Draft, DrafterError, Engine, Unsupported, register
+from engines.home import home
 from engines.hidden import activation_dtype, vocab_size
 from engines.target import Target
 
@@ -35,6 +37,8 @@ def load_draft_model(path: Path, target: Target):
     if not (path / "config.json").is_file():
         raise DrafterError(f"{path} is not a model directory (no config.json); method.drafter for draft_model "
                            "is a model: a checkpoint dir, a GGUF file, fixture:<name> or a packaged model name")
+    if shared_weights.shares_tensors(path):  # shipped without the embedding it shares with the target
+        path = shared_weights.materialize(path, target.model, home())
     model, config = load_model(path)
     if vocab_size(model) != target.vocab_size:
         raise DrafterError(f"draft model {path} has a vocabulary of {vocab_size(model)}, the target "

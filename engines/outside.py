@@ -147,7 +147,7 @@ class Process(Child):
 
 
 def log_path(kind: str) -> Path:
-    from harness.fixtures import home
+    from engines.home import home
 
     return home() / "outside-logs" / f"{kind}-{os.getpid()}-{time.time_ns()}.log"
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -117,8 +116,7 @@ def _spec_hash(name: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def home() -> Path:
-    return Path(os.environ.get("SPEC_HARNESS_HOME", Path.home() / ".cache" / "spec-harness"))
+from engines.home import home  # noqa: E402 -- re-exported: harness modules ask fixtures for it
 
 
 # Quantized variants, `<fixture>-q4` / `<fixture>-q8`: mlx-lm's own quantization of the fixture,

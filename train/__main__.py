@@ -72,6 +72,11 @@ def train(cfg) -> int:
     objective = objective_for(cfg.train.kind)
     objective.check(target)
     rows, data_info = data.build(target, tokenizer, ckpt, cfg.data, Path(cfg.data.cache_dir or out / "data"), log)
+    if rows is None or cfg.data.stop_after == "answers":
+        if rows is not None:
+            log(f"data: {len(rows.ids)} rows, {rows.answer_tokens()} answer tokens in {data_info['cache']} "
+                "(data.stop_after=answers)")
+        return 0
     train_rows, eval_rows = split_rows(rows, cfg.data.eval_rows, cfg.data.seed)
     log(f"data: {len(train_rows[0])} training rows, {len(eval_rows[0])} held out, "
         f"{rows.answer_tokens()} answer tokens")

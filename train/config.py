@@ -30,6 +30,8 @@ class DataConfig:
     eval_rows: int = 16  # rows held out for the per-position accuracy curve
     seed: int = 0
     cache_dir: Optional[str] = None  # null = <out>/data; reused when its manifest matches
+    stop_after: Optional[str] = None  # prompts | answers: make the data up to there and exit 0 (no training)
+    max_seconds: Optional[float] = None  # answer no new shard after this long; train on those written
 
 
 @dataclass
@@ -61,6 +63,7 @@ class TrainConfig:
     # dflash
     block_size: int = 16
     num_layers: int = 1  # drafter decoder layers (dflash; draft_model: target layers kept)
+    share_embedding: bool = False  # draft_model: keep the target's embedding frozen and ship it as a reference
     target_layer_ids: Optional[List[int]] = None  # outputs of these target layers; null = spread over 1..n-3
     num_target_features: int = 3  # how many ids the default spreads
     mask_token_id: Optional[int] = None  # null = the first id past the tokenizer's, else its pad/unk
@@ -105,5 +108,9 @@ def validate(cfg: TrainAppConfig) -> None:
         raise ConfigError(f"train.save_dtype={t.save_dtype!r}; use bfloat16, float16 or float32")
     if d.temperature < 0 or not 0 < d.top_p <= 1:
         raise ConfigError("data.temperature must be >= 0 and data.top_p in (0, 1]")
+    if d.stop_after not in (None, "prompts", "answers"):
+        raise ConfigError(f"data.stop_after={d.stop_after!r}; use prompts, answers or null (train)")
+    if d.max_seconds is not None and d.max_seconds <= 0:
+        raise ConfigError(f"data.max_seconds={d.max_seconds} must be > 0 (or null: answer every prompt)")
     if d.eval_rows < 0 or d.eval_rows >= d.n_prompts:
         raise ConfigError(f"data.eval_rows={d.eval_rows} must be in [0, data.n_prompts={d.n_prompts})")

@@ -223,12 +223,20 @@ def _encode_prompt(tokenizer, prompt: str) -> list[int]:
     return tokenizer.encode(prompt)
 
 
-def _source(cfg) -> str:
-    """The prompt source as the manifest names it (a file or package with the hash of what it holds)."""
+def _source(cfg, cache: Path) -> str:
+    """The prompt source as the manifest names it (a file or package with the hash of what it
+    holds). A cache whose ShareGPT prompts are already written needs no package (a GPU machine
+    answers prompts chosen elsewhere)."""
     if cfg.prompts in (None, MAGPIE):
         return MAGPIE
     if cfg.prompts == SHAREGPT:
-        path, version = packaged.find(sharegpt.PACKAGE, "data.prompts=sharegpt")
+        try:
+            path, version = packaged.find(sharegpt.PACKAGE, "data.prompts=sharegpt")
+        except ConfigError:
+            have = read_manifest(cache) or {}
+            if str(have.get("prompt_source", "")).startswith(SHAREGPT) and (cache / "prompts.jsonl").exists():
+                return have["prompt_source"]
+            raise
         return f"{SHAREGPT}:{sharegpt.PACKAGE.distribution}=={version}:{_file_sha(path)[:16]}"
     prompts = read_prompt_file(Path(cfg.prompts))
     return f"{Path(cfg.prompts).resolve()}:" + hashlib.sha256("\n".join(prompts).encode()).hexdigest()[:16]
@@ -244,7 +252,7 @@ def _file_sha(path: Path) -> str:
 
 def build(model, tokenizer, ckpt: Path, cfg, cache: Path, log) -> tuple[Rows, dict]:
     """The rows (generating what the cache lacks) and the data part of the training record."""
-    source = _source(cfg)
+    source = _source(cfg, cache)
     want = manifest(ckpt, tokenizer, cfg, source)
     cache.mkdir(parents=True, exist_ok=True)
     have = read_manifest(cache)
@@ -256,13 +264,16 @@ def build(model, tokenizer, ckpt: Path, cfg, cache: Path, log) -> tuple[Rows, di
     prompts = _prompts(model, tokenizer, cfg, cache, log)
     texts, sources = eval_texts()
     check_overlap(prompts, texts)
-    rows = _answers(model, tokenizer, prompts, cfg, cache, log)
+    if cfg.stop_after == "prompts":
+        log(f"data: {len(prompts)} prompts written to {cache} (data.stop_after=prompts)")
+        return None, {"cache": str(cache), "prompts": len(prompts)}
+    rows, shards = _answers(model, tokenizer, prompts, cfg, cache, log)
     digest = hashlib.sha256()
     for f in sorted(cache.glob("shard-*.jsonl")):
         digest.update(f.read_bytes())
     done = read_manifest(cache)
     info = {"cache": str(cache), "sha256": digest.hexdigest(), "rows": len(rows.ids), "prompt_source": source,
-            "answer_tokens": rows.answer_tokens(), "overlap_checked": sources,
+            "answer_tokens": rows.answer_tokens(), "overlap_checked": sources, "shards": shards,
             "generation": done.get("generation"), "filtered": done.get("filtered"), **asdict(cfg)}
     return rows, info
 
@@ -336,13 +347,17 @@ def _sharegpt_prompts(tokenizer, cfg, cache: Path, log) -> list[str]:
 def _answers(model, tokenizer, prompts: list[str], cfg, cache: Path, log) -> Rows:
     """Every prompt answered: shards of data.batch prompts taken in order of prompt length
     (ties in prompt order), each answered in one batch."""
-    ids = [_encode_prompt(tokenizer, p) for p in prompts]
+    n_shards = -(-len(prompts) // cfg.batch)
+    missing = [s for s in range(n_shards) if not (cache / f"shard-{s:05d}.jsonl").exists()]
+    ids = [_encode_prompt(tokenizer, p) for p in prompts] if missing else []  # a complete cache needs no encoding
     order = sorted(range(len(ids)), key=lambda i: (len(ids[i]), i))
     rows = Rows([], [])
-    n_shards = -(-len(prompts) // cfg.batch)
     rates = (read_manifest(cache) or {}).get("generation", {}).get("shards", {})
+    started, used = time.perf_counter(), 0
     for s in range(n_shards):
         path = cache / f"shard-{s:05d}.jsonl"
+        if not path.exists() and cfg.max_seconds is not None and time.perf_counter() - started > cfg.max_seconds:
+            continue  # out of time for new shards: train on those written (a rerun generates the rest)
         if not path.exists():
             part = [ids[i] for i in order[s * cfg.batch:(s + 1) * cfg.batch]]
             t0 = time.perf_counter()
@@ -354,6 +369,7 @@ def _answers(model, tokenizer, prompts: list[str], cfg, cache: Path, log) -> Row
             rates[str(s)] = {"prompts": len(part), "answer_tokens": n, "seconds": round(seconds, 3)}
             _update_manifest(cache, generation=_rate(rates))
             log(f"data: shard {s + 1}/{n_shards} answered ({n} tokens in {seconds:.1f} s, {n / seconds:.0f} tokens/s)")
+        used += 1
         for line in path.read_text().splitlines():
             row = json.loads(line)
             p, a = row["prompt_ids"], row["answer_ids"]
@@ -361,9 +377,12 @@ def _answers(model, tokenizer, prompts: list[str], cfg, cache: Path, log) -> Row
             if len(full) - len(p) >= 2:  # at least two answer tokens: something to predict after a draft
                 rows.ids.append(full)
                 rows.prompt_lens.append(len(p))
+    if used < n_shards:
+        log(f"data: {used} of {n_shards} shards answered within data.max_seconds={cfg.max_seconds:g}; training on "
+            "those (rerun without it to answer the rest)")
     if not rows.ids:
         raise ConfigError(f"no usable rows: every answer is shorter than 2 tokens within data.max_len={cfg.max_len}")
-    return rows
+    return rows, {"used": used, "of": n_shards}
 
 
 def answer_batch(model, tokenizer, prompts: list[list[int]], cfg, seed: int) -> list[list[int]]:

@@ -20,6 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from engines import shared_weights
 from engines.base import Unsupported
 from engines.hidden import decoder
 from engines.mtp import DENSE
@@ -57,6 +58,8 @@ class DraftModelObjective(Objective):
         self.module = type(target)(args)
         self._copy_from_target()
         self.module.set_dtype(mx.float32)
+        if cfg.share_embedding:  # the target's embedding, frozen: shipped as a reference, not a copy
+            decoder(self.module).embed_tokens.freeze()
 
     def _copy_from_target(self) -> None:
         src = dict(tree_flatten(self.target.parameters()))
@@ -82,6 +85,10 @@ class DraftModelObjective(Objective):
     def export(self, module, out: Path, dtype) -> None:
         out.mkdir(parents=True, exist_ok=True)
         weights = {k: v.astype(dtype) for k, v in tree_flatten(module.parameters())}
+        (out / shared_weights.MANIFEST).unlink(missing_ok=True)
+        if self.cfg.share_embedding:
+            name = next(k for k in weights if k.endswith("embed_tokens.weight"))
+            shared_weights.write_manifest(out, {name: weights.pop(name)})
         mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
         config = {k: v for k, v in dataclasses.asdict(module.args).items() if v is not None}
         config.update(num_hidden_layers=len(self.layer_ids), draft_of_layers=self.layer_ids)
@@ -95,4 +102,5 @@ class DraftModelObjective(Objective):
         return load_draft_model(Path(out), Target(self.target))[0]
 
     def describe(self) -> dict:
-        return {"layers_from_target": self.layer_ids, "num_layers": len(self.layer_ids)}
+        return {"layers_from_target": self.layer_ids, "num_layers": len(self.layer_ids),
+                **({"embedding": "the target's, frozen and shared"} if self.cfg.share_embedding else {})}

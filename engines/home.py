@@ -1,0 +1,11 @@
+"""Where the harness keeps what it builds once per machine (converted models, fixtures,
+assembled draft models, outside engines' logs): $SPEC_HARNESS_HOME, else ~/.cache/spec-harness."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def home() -> Path:
+    return Path(os.environ.get("SPEC_HARNESS_HOME", Path.home() / ".cache" / "spec-harness"))
