@@ -42,7 +42,7 @@ else
                    [draft_model]="train.steps=2000 train.batch=8 train.lr=2e-4 train.num_layers=2")
   TRAIN_S=${TRAIN_S:-330} CELL_S=${CELL_S:-170} BENCH=(bench=real_full)
 fi
-COMMON=(train.log_every=100 train.eval_every=200)
+COMMON=(train.log_every=100 train.eval_every=200 ${MEM_GB:+train.memory_limit_gb=$MEM_GB})
 
 gguf() {  # the packaged file, under its own name (the converted checkpoint's cache key names it)
   if [ -f /tmp/big/smollm2.gguf ]; then
@@ -89,7 +89,9 @@ pack_drafter() {  # quantized forms and the training record of one drafter -> $O
 
 train() {  # the four objectives side by side (the GPU is host-bound at this size), each bounded in time
   local k pids=()
+  [ -d "$W/data" ] || [ ! -f "$JOB/data.npz" ] || python -m train.pack --unpack "$JOB/data.npz" "$W/data" || exit 1
   for k in $KINDS; do
+    [ ${#pids[@]} = 0 ] || sleep "${STAGGER_S:-0}"  # first steps apart: their peaks need not coincide
     # shellcheck disable=SC2086
     trainer "train=$k" "out=$W/$k" "${COMMON[@]}" ${ARGS[$k]} "train.max_seconds=$TRAIN_S" \
       > "$W/$k.log" 2>&1 &

@@ -63,6 +63,9 @@ def train(cfg) -> int:
     from train.loop import fit, load_best, plot
 
     validate(cfg)
+    if cfg.train.memory_limit_gb:  # processes sharing a GPU each keep freed buffers cached unless told not to
+        mx.set_memory_limit(int(cfg.train.memory_limit_gb * 2**30))
+        mx.set_cache_limit(int(cfg.train.memory_limit_gb * 2**30 / 10))
     t0 = time.perf_counter()
     out = Path(cfg.out).expanduser()
     ckpt = resolve_model(cfg.arch.model, cfg.arch.dtype, cfg.arch.gguf_dequantize, log)

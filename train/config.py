@@ -50,6 +50,8 @@ class TrainConfig:
     ckpt_every_steps: int = 200
     ckpt_every_s: float = 240.0
     max_seconds: Optional[float] = None  # stop cleanly (checkpointed) after this much training time
+    memory_limit_gb: Optional[float] = None  # cap this process's device memory (MLX's limit; its buffer cache at
+    #                                          a tenth): for several trainings sharing one GPU
     stop_after: Optional[int] = None  # stop (checkpointed) after this step, as a kill would; rerun to resume
     save_dtype: str = "bfloat16"  # the exported drafter's floating tensors
     export: str = "best"  # best: the weights of the lowest held-out loss seen at an eval; last: the final step's

@@ -79,6 +79,8 @@ def fit(obj, train_rows, eval_rows, cfg, out: Path, log) -> tuple[State, str | N
         opt.update(module, grads)
         mx.eval(module.parameters(), opt.state, loss, metrics)
         state.step += 1
+        if state.step == start_step + 1:
+            log(f"train {obj.kind}: first step done, peak device memory {mx.get_peak_memory() / 2**30:.1f} GiB")
         state.elapsed_s = start_elapsed + time.perf_counter() - t0
         window.append((loss.item(), metrics["acc"].tolist()))
         if state.step % cfg.log_every == 0 or state.step == cfg.steps:
