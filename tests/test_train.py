@@ -63,7 +63,7 @@ def test_a_draft_model_is_a_shallow_distilled_copy_that_loads_on_its_own(tmp_pat
 
     out = tmp_path / "dm"
     r = run("harness.train", "train=draft_model", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'llama'}",
-            "train.steps=30", "train.num_layers=2", *SMALL)
+            "train.steps=30", "train.num_layers=2", "train.share_embedding=false", *SMALL)
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads((out / "training.json").read_text())
     losses = [h["loss"] for h in rec["history"] if h["split"] == "train"]
@@ -154,7 +154,7 @@ def test_every_evaluation_prompt_is_refused_as_a_training_prompt(tmp_path):
     from train.data import check_overlap, eval_texts
 
     texts, sources = eval_texts()
-    assert set(texts) == {"builtin", "mtbench", "humaneval"}, sources  # the data packages are installed
+    assert set(texts) == {"builtin", "mtbench", "humaneval", "gsm8k"}, sources  # the data packages are installed
     for suite, turns in texts.items():
         for t in turns[:5]:
             with pytest.raises(ConfigError, match=f"overlaps the {suite}"):
@@ -164,11 +164,12 @@ def test_every_evaluation_prompt_is_refused_as_a_training_prompt(tmp_path):
                     check_overlap(["Please answer: " + " ".join(t.split()[3:20]) + " thanks"], texts)
     check_overlap(["Write a limerick about a cat who learns to sail."], texts)
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "Tell me a story."}) + "\n" + json.dumps({"turns": [texts["mtbench"][0]]}))
-    r = run("harness.train", "train=mtp", "arch=llama", f"out={tmp_path / 'o'}", f"data.prompts={prompts}",
-            "data.n_prompts=2", "data.eval_rows=1")
-    assert r.returncode == 2 and "overlaps the mtbench evaluation suite" in r.stderr
-    assert not list((tmp_path / "o" / "data").glob("shard-*"))  # refused before any answer was generated
+    for suite in ("mtbench", "gsm8k"):  # a question pasted into the training prompts
+        prompts.write_text(json.dumps({"prompt": "Tell me a story."}) + "\n" + json.dumps({"turns": [texts[suite][0]]}))
+        r = run("harness.train", "train=mtp", "arch=llama", f"out={tmp_path / suite}", f"data.prompts={prompts}",
+                "data.n_prompts=2", "data.eval_rows=1")
+        assert r.returncode == 2 and f"overlaps the {suite} evaluation suite" in r.stderr, r.stderr[-2000:]
+        assert not list((tmp_path / suite / "data").glob("shard-*"))  # refused before any answer was generated
 
 
 def test_magpie_prefix_is_the_template_text_before_the_user_message():
