@@ -207,7 +207,7 @@ def test_suites_join_with_plus_in_order_and_ids_stay_unique(tmp_path):
         load_suite(f"{a}+{a}")
     with pytest.raises(ConfigError, match="empty part.*mtbench\\+humaneval"):
         load_suite("builtin+")
-    with pytest.raises(ConfigError, match="nope.jsonl does not exist.*a suite name \\(builtin, mtbench, humaneval\\)"):
+    with pytest.raises(ConfigError, match="nope.jsonl does not exist.*a suite name \\(builtin, mtbench, humaneval, gsm8k\\)"):
         load_suite(f"{a}+{tmp_path / 'nope.jsonl'}")
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from harness import packaged
 from harness.config import ConfigError
-from train import sharegpt
+from train import batch_decode, sharegpt
 
 SENTINEL = "\u2063MAGPIE\u2063"  # a user message no template alters, to find where the message starts
 STALL_ROUNDS = 3  # Magpie gives up after this many rounds in a row add no new instruction
@@ -386,15 +386,20 @@ def _answers(model, tokenizer, prompts: list[str], cfg, cache: Path, log) -> Row
 
 
 def answer_batch(model, tokenizer, prompts: list[list[int]], cfg, seed: int) -> list[list[int]]:
-    """The target's answers to `prompts` (ids), all decoding in one batch (mlx-lm's batch
-    generation with its prefill and completion batches as wide as the list)."""
+    """The target's answers to `prompts` (ids), all decoding in one batch: train/batch_decode.py
+    for attention-only targets, else mlx-lm's batch generation with its prefill and completion
+    batches as wide as the list."""
     import mlx.core as mx
     from mlx_lm.generate import batch_generate
     from mlx_lm.sample_utils import make_sampler
 
     mx.random.seed(seed)  # a shard's sampled answers do not depend on the ones before
+    sampler = make_sampler(temp=cfg.temperature, top_p=cfg.top_p)
+    if batch_decode.supported(model):  # attention-only targets: no per-sequence host work per step
+        return batch_decode.decode(model, prompts, cfg.max_new_tokens, set(tokenizer.eos_token_ids),
+                                   lambda logits: sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True)))
     res = batch_generate(model, tokenizer, prompts, max_tokens=cfg.max_new_tokens, return_token_ids=True,
-                         sampler=make_sampler(temp=cfg.temperature, top_p=cfg.top_p),
+                         sampler=sampler,
                          completion_batch_size=len(prompts), prefill_batch_size=len(prompts))
     return [list(map(int, a)) for a in res.token_ids]
 
