@@ -67,11 +67,12 @@ def run_cell(cfg) -> Path | None:
             record["multirun"] = sweep
             record["device"] = {"held_from": started, "held_to": time.time(), "waited_s": round(waited(), 3),
                                 "shared": bool(cfg.allow_shared_device)}
+            if os.environ.get("SPEC_HARNESS_TEST_KILL") and os.environ["SPEC_HARNESS_TEST_KILL"] in cid:
+                os._exit(137)  # test hook: a job killed after measuring, before its record exists
+            # Written while the lock is held: a twin job waiting on it must find the record, not run again.
+            write_record(path, record)
     except LockTimeout as e:
         raise CellAborted(str(e), EXIT_CODES["lock timeout"]) from None
-    if os.environ.get("SPEC_HARNESS_TEST_KILL") and os.environ["SPEC_HARNESS_TEST_KILL"] in cid:
-        os._exit(137)  # test hook: a job killed after measuring, before its record exists
-    write_record(path, record)
     PROGRESS.measured_cell(cfg.method.name, time.perf_counter() - t0)  # waiting for the device excluded
     log(f"  -> {record['status']}: {_headline(record)}  [{path}]")
     if record.get("wall"):

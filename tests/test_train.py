@@ -190,7 +190,7 @@ def test_magpie_resumes_from_its_last_round_to_the_same_instructions(tmp_path):
     whole = magpie_prompts(model, tok, 6, cfg, lambda m: None, tmp_path / "a.json")
 
     def killed_after_round_one(msg):
-        if "(round 1)" in msg:
+        if "(round 1," in msg:
             raise KeyboardInterrupt  # after the round's result was saved, as a kill would land
     with pytest.raises(KeyboardInterrupt):
         magpie_prompts(model, tok, 6, cfg, killed_after_round_one, tmp_path / "b.json")
