@@ -211,26 +211,41 @@ def read_source(path: Path) -> Source:
 
 def file_sha256(path: Path) -> str:
     """sha256 of the file, remembered per (path, size, mtime) so a big file is hashed once."""
-    from harness.fixtures import home
-
-    st = path.stat()
-    index = home() / "gguf" / "sha256.json"
-    key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
-    try:
-        known = json.loads(index.read_text())
-    except (OSError, ValueError):
-        known = {}
+    index, key = _sha256_index(path)
+    known = _read_index(index)
     if key not in known:
         h = hashlib.sha256()
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 22), b""):
                 h.update(chunk)
-        known[key] = h.hexdigest()
-        index.parent.mkdir(parents=True, exist_ok=True)
-        tmp = index.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=1))
-        os.replace(tmp, index)
+        remember_sha256(path, h.hexdigest())
+        return h.hexdigest()
     return known[key]
+
+
+def remember_sha256(path: Path, sha256: str) -> None:
+    """Note `path`'s sha256 (hashed by whoever wrote it) so file_sha256 need not read it again."""
+    index, key = _sha256_index(path)
+    known = _read_index(index)
+    known[key] = sha256
+    index.parent.mkdir(parents=True, exist_ok=True)
+    tmp = index.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(known, indent=1))
+    os.replace(tmp, index)
+
+
+def _sha256_index(path: Path) -> tuple[Path, str]:
+    from harness.fixtures import home
+
+    st = path.stat()
+    return home() / "gguf" / "sha256.json", f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _read_index(index: Path) -> dict:
+    try:
+        return json.loads(index.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def convert_weights(src: Source, config: dict, dtype: str) -> tuple[dict, dict, dict]:

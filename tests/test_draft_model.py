@@ -131,3 +131,43 @@ def test_lossless_on_the_real_model_with_a_pruned_copy_as_draft(tmp_path):
         assert got.tokens == generate_ids(base_engine(model), ids, 24).tokens, text
         rounds += got.rounds
     assert {r.accepted for r in rounds} >= {0, 1, 2}, [r.accepted for r in rounds]
+
+
+def _renumbered_tokenizer(src, dest):
+    """A copy of checkpoint `src` whose tokenizer swaps the ids of two tokens: one size, another map."""
+    import shutil
+
+    shutil.copytree(src, dest)
+    tj = json.loads((dest / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (dest / "tokenizer.json").write_text(json.dumps(tj))
+    return a, b
+
+
+def test_a_draft_model_with_another_tokenizer_of_the_same_size_is_refused(tmp_path):
+    from harness.config import ConfigError
+    from harness.models import check_shared_tokenizer, load_target
+
+    _, tok = load_target(fixture_dir("llama"), "float32")
+    check_shared_tokenizer(tok, fixture_dir("llama"))  # its own tokenizer passes
+    swapped = _renumbered_tokenizer(fixture_dir("llama"), tmp_path / "other")
+    with pytest.raises(ConfigError, match=r"tokenizer is not the target's \(2 tokens differ") as e:
+        check_shared_tokenizer(tok, tmp_path / "other")
+    assert any(f"{t!r} is " in str(e.value) for t in swapped)
+    (tmp_path / "other" / "tokenizer.json").unlink()
+    with pytest.raises(ConfigError, match="has no tokenizer.json"):
+        check_shared_tokenizer(tok, tmp_path / "other")
+
+
+def test_the_cli_refuses_a_renumbered_draft_model_in_one_line_for_both_arms(tmp_path):
+    _renumbered_tokenizer(fixture_dir("llama"), tmp_path / "draft")
+    for method in ("method=draft_model", "reference=mlx_lm_spec"):
+        r = harness("arch=llama", method if method.startswith("method") else "method=draft_model", method,
+                    f"method.drafter={tmp_path / 'draft'}", "bench.max_prompts=1", "bench.max_new_tokens=4",
+                    f"out_dir={tmp_path / 'out'}")
+        assert r.returncode == 2, r.stderr
+        (line,) = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]
+        assert "tokenizer is not the target's" in line
+        assert not list((tmp_path / "out").glob("*.json"))
