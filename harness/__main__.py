@@ -21,13 +21,34 @@ from omegaconf import DictConfig  # noqa: E402
 from harness.config import GROUPS, NESTED, OPTION_GROUPS, Config, ConfigError, conf_dir, group_options, register_configs
 
 
+# Hydra's own flags that take the next argument as their value (`--cfg job`), and --info's
+# optional one: neither is an override.
+VALUE_FLAGS = {"-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",
+               "--config-dir", "--experimental-rerun"}
+INFO_FLAGS, INFO_VALUES = {"-i", "--info"}, {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def override_args(args: list[str]) -> list[str]:
+    """The command-line arguments that are overrides: Hydra's flags and their values left out."""
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+        elif a.startswith("-"):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            skip = "=" not in a and (a in VALUE_FLAGS or (a in INFO_FLAGS and nxt in INFO_VALUES))
+        else:
+            out.append(a)
+    return out
+
+
 def parse_overrides(args: list[str]) -> list:
     """The command line's overrides as Hydra parses them (flags aside); ConfigError with
     Hydra's first line where its grammar refuses one."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
-        return OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
+        return OverridesParser.create().parse_overrides(override_args(args))
     except Exception as e:  # noqa: BLE001 -- Hydra's grammar errors: keep their first line
         raise ConfigError(f"cannot parse the overrides: {_first_line(e)} (grammar: "
                           "https://hydra.cc/docs/advanced/override_grammar/basic/)") from None
@@ -160,7 +181,14 @@ def main() -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    _hydra_main()
+    try:
+        _hydra_main()
+    except ValueError as e:  # Hydra's refusal of flags that exclude each other (-m with --cfg): one line
+        if not str(e).startswith("Only one of"):
+            raise
+        print(f"error: {e} (Hydra's rule; drop -m to see one job's config with --cfg)",
+              file=sys.stderr)
+        sys.exit(2)
     if OUTCOMES:  # a sweep whose jobs ran here: one line on how it went, then its exit code
         print(f"sweep: {outcome_summary(OUTCOMES)}", file=sys.stderr)
         sys.exit(exit_code(OUTCOMES, sweep=True))

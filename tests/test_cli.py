@@ -212,3 +212,25 @@ def test_bad_input_gives_one_line_error_and_no_record(tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert expect in lines[0]
     assert not out.exists() or not list(out.glob("*.json"))
+
+
+@pytest.mark.parametrize("flags, shows", [
+    (["--cfg", "job"], "arch:"),
+    (["-c", "hydra"], "hydra:"),
+    (["--resolve", "--cfg", "job", "method=ngram"], "name: ngram"),
+    (["--cfg=job", "method=ngram"], "name: ngram"),
+    (["--info", "defaults"], "Defaults List"),
+])
+def test_hydras_own_flags_and_their_values_are_not_read_as_overrides(flags, shows):
+    from harness.__main__ import override_args
+
+    assert override_args(flags) == [a for a in flags if a.startswith("method=")]
+    r = harness(*flags)
+    assert r.returncode == 0, r.stderr
+    assert shows in r.stdout
+
+
+def test_flags_hydra_refuses_together_are_one_line(tmp_path):
+    r = harness("-m", "--cfg", "job", "method=base,ngram", f"out_dir={tmp_path}")
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("error: Only one of") and len(r.stderr.strip().splitlines()) == 1

