@@ -392,6 +392,14 @@ def test_a_split_model_whose_parts_differ_is_refused_and_leaves_nothing(monkeypa
     assert not [p for p in (tmp_path / "home").rglob("*") if p.is_file() and p.suffix != ".json"]
 
 
+def test_a_split_model_whose_parts_come_in_another_order_is_refused(monkeypatch, tmp_path):
+    files = _split_model(monkeypatch, tmp_path, [b"first-", b"second"])
+    files["fake-part1"].write_bytes(b"second")  # each part whole, their order swapped
+    files["fake-part2"].write_bytes(b"first-")
+    with pytest.raises(ConfigError, match="join to sha256"):
+        models.named_model_file("split")
+
+
 def test_a_split_model_missing_a_part_names_the_install_command(monkeypatch, tmp_path):
     files = _split_model(monkeypatch, tmp_path, [b"a", b"b", b"c"])
     files["fake-part2"].unlink()
