@@ -49,16 +49,23 @@ class External(Engine):
         return list(getattr(self, "_caches", []))
 
 
-def stamped_events(steps, t0: float):
+class ArmReportError(RuntimeError):
+    """An arm whose loop is not the harness's said something impossible (a token id outside
+    the vocabulary, counts that do not add up, time running backwards): its cell is an error."""
+
+
+def stamped_events(steps, t0: float, arm: Engine):
     """(Prefill, Round...) from an iterator of (arrival time, tokens emitted, drafted, accepted,
     [V] log-probabilities or None) per step, for every arm whose loop is not the harness's.
     A first step that drafted was a whole verify round (mlx-lm's speculative loop, an engine or
     server that answers per round): its first token is the Prefill event, and the rest of the
-    round, which arrived with it, a Round that keeps its drafted and accepted counts."""
+    round, which arrived with it, a Round that keeps its drafted and accepted counts. Every
+    step is checked here, the one door outside results come through (ArmReportError)."""
     from harness.loop import Prefill, Round
 
     last = None
     for t, emitted, drafted, accepted, scores in steps:
+        check_step(arm, t, last if last is not None else t0, emitted, drafted, accepted, first=last is None)
         if last is None:
             yield Prefill(emitted[0], t - t0, scores=scores)
             if drafted:
@@ -68,10 +75,30 @@ def stamped_events(steps, t0: float):
         last = t
 
 
-def _events(responses, t0: float):
+def check_step(arm: Engine, t: float, before: float, emitted, drafted, accepted, first: bool) -> None:
+    """ArmReportError naming `arm` and the offending value unless the step is possible: integral
+    ids in [0, vocabulary), 0 <= accepted <= drafted integers, no more tokens than the accepted
+    drafts and a bonus, and an arrival time not before the previous one."""
+    vocab = arm.target.vocab_size
+    bad = next((x for x in emitted if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < vocab), None)
+    if not emitted or bad is not None:
+        raise ArmReportError(f"{arm.name} returned token id {bad!r}, outside the target's vocabulary [0, {vocab}) "
+                             f"(step {list(emitted)[:8]})")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (drafted, accepted)) \
+            or not 0 <= accepted <= drafted:
+        raise ArmReportError(f"{arm.name} reported accepted={accepted!r} of drafted={drafted!r}: counts must be "
+                             "integers with 0 <= accepted <= drafted")
+    if len(emitted) - (1 if first else 0) > accepted + 1:
+        raise ArmReportError(f"{arm.name} emitted {len(emitted)} tokens in a step that accepted {accepted} drafts "
+                             "(at most the accepted drafts and one bonus token)")
+    if t < before:
+        raise ArmReportError(f"{arm.name}: a step arrived {before - t:.6f}s before the previous one")
+
+
+def _events(responses, t0: float, arm: Engine):
     """stamped_events over (tokens emitted, tokens drafted, scores) per step, each stamped as it
     arrives, all but the bonus token of a step accepted."""
-    return stamped_events(((time.perf_counter(), e, d, len(e) - 1, s) for e, d, s in responses), t0)
+    return stamped_events(((time.perf_counter(), e, d, len(e) - 1, s) for e, d, s in responses), t0, arm)
 
 
 def refuse_cast_kv(target, arm: str) -> None:
@@ -114,7 +141,7 @@ class MlxLm(External):
                 if tok in stop_tokens:
                     return
 
-        yield from _events(tokens(), t0)
+        yield from _events(tokens(), t0, self)
 
     def describe(self):
         from importlib.metadata import version
@@ -162,7 +189,7 @@ class MlxLmSpec(External):
         steps = speculative_generate_step(mx.array(prompt), self.target.model, self.draft_model,
                                           num_draft_tokens=self.k, max_tokens=max_new_tokens, sampler=pick,
                                           prompt_cache=self._caches, **kv_quantization(self.target))
-        yield from _events(self._rounds(steps, stop_tokens, max_new_tokens), t0)
+        yield from _events(self._rounds(steps, stop_tokens, max_new_tokens), t0, self)
 
     def _rounds(self, steps, stop_tokens, max_new_tokens):
         # Its tokens arrive one by one, flagged from_draft; a target token closes each verify.
@@ -213,7 +240,7 @@ class DFlashZlab(External):
             responses = self.zlab.stream_generate(self.target.model, self.drafter, tokenizer, mx.array(prompt),
                                                   block_size=self.block, max_tokens=max_new_tokens,
                                                   temperature=sampler.temperature)
-            yield from _events(self._rounds(responses, max_new_tokens), t0)
+            yield from _events(self._rounds(responses, max_new_tokens), t0, self)
 
     def _rounds(self, responses, max_new_tokens):
         n = 0

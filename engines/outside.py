@@ -168,7 +168,7 @@ class SubprocessArm(External):
 
     def generate(self, prompt, max_new_tokens, sampler, stop_tokens):
         t0 = time.perf_counter()
-        yield from stamped_events(self._lines(prompt, max_new_tokens, sampler, stop_tokens), t0)
+        yield from stamped_events(self._lines(prompt, max_new_tokens, sampler, stop_tokens), t0, self)
 
     def _lines(self, prompt, max_new_tokens, sampler, stop_tokens):
         # (arrival time, tokens, drafted, accepted, None) per token line of one request
@@ -314,7 +314,7 @@ class ServerArm(External):
                 "temperature": sampler.temperature, "seed": sampler.seed, "stream": True,
                 "stream_options": {"include_usage": True}, **({"model": self.model} if self.model else {})}
         t0 = time.perf_counter()
-        yield from stamped_events(self._chunks(body, len(prompt), max_new_tokens), t0)
+        yield from stamped_events(self._chunks(body, len(prompt), max_new_tokens), t0, self)
 
     def _chunks(self, body: dict, prompt_len: int, max_new_tokens: int):
         # (arrival time, new ids, drafted, accepted, None) per stream chunk that completes a token

@@ -53,6 +53,23 @@ ENGINES = {  # a broken engine each, and what its error record must say
             sys.stderr.write("segfault in verify\\n")
             sys.exit(4)
         """, ["exited with code 4", "segfault in verify"]),
+    # Liars: each answer has the right shape and an impossible value; none may make an ok record.
+    **{name: ("""
+        import json, sys
+        print(json.dumps({"type": "ready"}), flush=True)
+        for line in sys.stdin:
+            req = json.loads(line)
+            for _ in range(req["max_new_tokens"]):
+                print(json.dumps({"id": req["id"], **%s}), flush=True)
+            print(json.dumps({"id": req["id"], "done": True}), flush=True)
+        """ % answer, ["subprocess", *said]) for name, (answer, said) in {
+        "id_past_the_vocabulary": ('{"tokens": [5, 1024]}', ["token id 1024", "[0, 1024)"]),
+        "negative_id": ('{"tokens": [-1]}', ["token id -1"]),
+        "accepted_more_than_drafted": ('{"tokens": [5, 6], "drafted": 1, "accepted": 3}',
+                                       ["accepted=3 of drafted=1"]),
+        "more_tokens_than_accepted": ('{"tokens": [5, 6, 7], "drafted": 4, "accepted": 0}',
+                                      ["emitted 3 tokens in a step that accepted 0"]),
+    }.items()},
 }
 
 
