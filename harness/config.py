@@ -145,6 +145,24 @@ def _one_of(what: str, value, valid) -> None:
         raise ConfigError(f"{what}={value!r} is not valid; use one of: {', '.join(map(str, valid))}")
 
 
+def _check_outside(method, knobs) -> None:
+    """An outside arm without what reaches it is a mistake, not an unsupported cell: a sweep
+    that holds one must not end green."""
+    from urllib.parse import urlparse
+
+    if "command" in knobs and not method.get("command"):
+        raise ConfigError(f"method={method.name} needs method.command=<the engine's command line>, e.g. "
+                          "\"method.command='python examples/mlx_lm_adapter.py --model <dir>'\"")
+    if "url" in knobs:
+        url = method.get("url")
+        if not url:
+            raise ConfigError(f"method={method.name} needs method.url=http://host:port (and method.launch=<command> "
+                              "to have the harness start the server)")
+        parts = urlparse(str(url))
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"method.url={url!r} is not an http(s) URL with a host; e.g. http://127.0.0.1:8080")
+
+
 def validate(cfg) -> None:
     """Check every value the schema cannot; raises ConfigError."""
     from engines.base import get_engine
@@ -171,6 +189,7 @@ def validate(cfg) -> None:
         if m.depth < 1 or m.top_k < 1 or m.total_tokens < m.depth:
             raise ConfigError(f"eagle3 tree depth={m.depth}, top_k={m.top_k}, total_tokens={m.total_tokens} is not "
                               "valid; need depth >= 1, top_k >= 1 and total_tokens >= depth")
+    _check_outside(cfg.method, engine.knobs)
     _one_of("arch.dtype", cfg.arch.dtype, DTYPES)
     _one_of("method.verify", cfg.method.verify, ("batched", "sequential"))
     _one_of("bench.warmup_scope", cfg.bench.warmup_scope, ("auto", "first", "every"))

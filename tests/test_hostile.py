@@ -222,3 +222,18 @@ def test_a_single_cell_whose_target_fails_to_load_exits_3_with_an_error_record(t
     assert r.returncode == 3, r.stderr
     (rec,) = records(tmp_path / "out").values()
     assert rec["status"] == "error" and str(broken / "model.safetensors") in rec["reason"]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["method=subprocess"], "method=subprocess needs method.command="),
+    (["method=server"], "method=server needs method.url="),
+    (["method=server", "method.url=127.0.0.1:8080"], "is not an http(s) URL"),
+    (["-m", "method=base,subprocess"], "method=subprocess needs method.command="),
+])
+def test_an_outside_arm_without_what_reaches_it_is_bad_input_not_unsupported(tmp_path, args, said):
+    t0 = time.perf_counter()
+    r = harness(*args, "arch=llama", "bench=smoke", f"out_dir={tmp_path}")
+    assert r.returncode == 2, r.stderr
+    assert said in _errors(r.stderr)[-1]
+    assert time.perf_counter() - t0 < 60  # no startup timeout waited out
+    assert not [rec for rec in tmp_path.glob("*.json") if "subprocess" in rec.name or "server" in rec.name]
