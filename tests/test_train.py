@@ -344,3 +344,15 @@ def test_dflash_blocks_see_answer_anchors_with_data_token_labels(models):
     assert counted[0, 1:].tolist() == [1, 1, 0] and counted[1, 1:].tolist() == [1, 0, 0]  # ...nor past the row
     assert counted[2:].sum().item() == 0 and b["weight"][..., 0].sum().item() == 0
     assert (b["tokens"][0, :, 1:] == obj.module.config.mask_token_id).all().item()
+
+
+@pytest.mark.parametrize("args, said", [
+    (["train=dflash", "train.mask_token_id=99999"], "train.mask_token_id=99999 is outside the target's vocabulary"),
+    (["train=dflash", "train.target_layer_ids=[0,99]"], "[99] not among the target's layers"),
+    (["train=eagle3", "train.aux_layer_ids=[-1,1,2]"], "[-1] not among the target's layers"),
+])
+def test_impossible_ids_for_training_are_one_line_not_a_crash(args, said, tmp_path, data_cache):
+    r = run("harness.train", *args, "arch=llama", f"out={tmp_path / 'o'}", f"data.cache_dir={data_cache / 'llama'}",
+            "train.steps=2", *SMALL)
+    assert r.returncode == 2, r.stderr[-2000:]  # was a segfault (exit 139) for the mask id
+    assert said in r.stderr.strip().splitlines()[-1]

@@ -18,6 +18,7 @@ import mlx.nn as nn
 
 from engines.dflash import DFlashConfig, DFlashDrafter, load_drafter, save_drafter
 from engines.hidden import embed, lm_head
+from harness.config import ConfigError
 from train.objective import Objective, pad, weighted_mean
 
 
@@ -48,8 +49,13 @@ class DFlashObjective(Objective):
     def __init__(self, target, tokenizer, cfg, rows, prompt_lens):
         super().__init__(target, tokenizer, cfg)
         self.positions = cfg.block_size - 1
-        self.layer_ids = tuple(cfg.target_layer_ids or spread_layer_ids(self.n_layers, cfg.num_target_features))
+        self.layer_ids = self.checked_layer_ids(cfg.target_layer_ids or spread_layer_ids(self.n_layers,
+                                                cfg.num_target_features), "train.target_layer_ids")
         mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else pick_mask_token(tokenizer, self.vocab)
+        if not 0 <= mask_id < self.vocab:  # an embedding lookup past the table: a segfault, not an error
+            raise ConfigError(f"train.mask_token_id={mask_id} is outside the target's vocabulary [0, {self.vocab}); "
+                              "leave it null (an id the tokenizer does not use is picked) or give one below "
+                              f"{self.vocab}")
         c = DFlashConfig(hidden_size=self.hidden, num_hidden_layers=cfg.num_layers,
                          num_attention_heads=self.args.num_attention_heads,
                          num_key_value_heads=self.arg("num_key_value_heads", self.args.num_attention_heads),

@@ -50,7 +50,8 @@ class Eagle3Objective(Objective):
     def __init__(self, target, tokenizer, cfg, rows, prompt_lens):
         super().__init__(target, tokenizer, cfg)
         self.positions = cfg.ttt_length
-        self.aux = tuple(sorted(cfg.aux_layer_ids or distinct_aux_layers(self.n_layers)))  # layer inputs
+        self.aux = tuple(sorted(self.checked_layer_ids(cfg.aux_layer_ids or distinct_aux_layers(self.n_layers),
+                                                       "train.aux_layer_ids")))  # layer inputs
         self.used = draft_vocab(rows, prompt_lens, self.vocab, cfg.draft_vocab_size)
         self.in_draft = mx.zeros((self.vocab,), dtype=mx.bool_).at[self.used].add(True)
         c = Eagle3Config(hidden_size=self.hidden, num_attention_heads=self.args.num_attention_heads,

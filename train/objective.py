@@ -11,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engines.hidden import capture_hidden, hidden_size, num_layers, text_model, vocab_size
+from harness.config import ConfigError
 
 
 class Objective:
@@ -33,6 +34,14 @@ class Objective:
         self.target, self.tokenizer, self.cfg = target, tokenizer, cfg
         self.n_layers, self.hidden, self.vocab = num_layers(target), hidden_size(target), vocab_size(target)
         self.args = text_model(target).args
+
+    def checked_layer_ids(self, ids, key: str) -> tuple[int, ...]:
+        """`ids` when each names one of the target's layers; ConfigError naming `key` otherwise."""
+        bad = [i for i in ids if not 0 <= int(i) < self.n_layers]
+        if bad:
+            raise ConfigError(f"{key}={list(ids)}: {bad} not among the target's layers 0..{self.n_layers - 1}; "
+                              "leave it null for the default spread")
+        return tuple(int(i) for i in ids)
 
     def arg(self, name: str, default=None):
         value = getattr(self.args, name, None)
