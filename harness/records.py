@@ -205,18 +205,50 @@ def record_problem(path: Path) -> tuple[dict | None, str | None]:
         return None, "is not a harness record (no schema / cell)"
     if rec["schema"] != SCHEMA_VERSION:
         return None, f"is a record of schema {rec['schema']!r}; this harness reads schema {SCHEMA_VERSION}"
+    missing = _missing_keys(rec)
+    if missing:
+        return None, f"is a record without {', '.join(missing)} (cut or edited by hand)"
     return rec, None
+
+
+# What every record holds, and what an ok one adds: the report reads these without asking.
+RECORD_KEYS = ("cell_id", "status", "config", "env")
+CELL_KEYS = ("arch", "method", "bench")
+SUMMARY_KEYS = ("decode_tps", "base_decode_tps", "speedup", "tau", "prompts", "diverged_prompts")
+
+
+def _missing_keys(rec: dict) -> list[str]:
+    missing = [k for k in RECORD_KEYS if k not in rec]
+    cell = rec.get("cell") if isinstance(rec.get("cell"), dict) else {}
+    missing += [f"cell.{k}" for k in CELL_KEYS if k not in cell]
+    if rec.get("status") == "ok":
+        summary = rec.get("summary") if isinstance(rec.get("summary"), dict) else {}
+        missing += [f"summary.{k}" for k in SUMMARY_KEYS if k not in summary]
+    return missing
 
 
 def scan_records(root: Path) -> tuple[list[tuple[Path, dict]], list[tuple[Path, str]]]:
     """([(path, record)], [(path, why unreadable)]) for every *.json under root, hidden paths
     (temp files, launcher folders) aside: a broken record is named, never silently dropped."""
-    good, bad = [], []
+    good, bad, seen = [], [], {}
     for path in sorted(Path(root).rglob("*.json")):
         if any(part.startswith(".") for part in path.relative_to(root).parts):
             continue
         rec, why = record_problem(path)
-        (good.append((path, rec)) if rec is not None else bad.append((path, why)))
+        if rec is None:
+            bad.append((path, why))
+        elif rec["cell_id"] in seen:  # results of several hosts copied together: one cell, one row
+            first_path, first = seen[rec["cell_id"]]
+            if rec == first:
+                bad.append((path, f"is a copy of {first_path}"))
+                continue
+            older, newer = sorted([(first_path, first), (path, rec)], key=lambda pr: pr[1].get("started_at") or "")
+            bad.append((older[0], f"measures the same cell as {newer[0]}, which is newer and is reported"))
+            good = [(p, r) for p, r in good if p != first_path] + [newer]
+            seen[rec["cell_id"]] = newer
+        else:
+            good.append((path, rec))
+            seen[rec["cell_id"]] = (path, rec)
     return good, bad
 
 

@@ -237,3 +237,35 @@ def test_an_outside_arm_without_what_reaches_it_is_bad_input_not_unsupported(tmp
     assert said in _errors(r.stderr)[-1]
     assert time.perf_counter() - t0 < 60  # no startup timeout waited out
     assert not [rec for rec in tmp_path.glob("*.json") if "subprocess" in rec.name or "server" in rec.name]
+
+
+def _report(*args):
+    return subprocess.run([sys.executable, "-m", "report", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_the_report_reads_merged_results_one_row_per_cell_and_names_what_it_left_out(tmp_path):
+    import json
+    import shutil
+
+    r = harness("arch=llama", "method=ngram", *QUICK, f"out_dir={tmp_path / 'host1'}")
+    assert r.returncode == 0, r.stderr
+    (rec_path,) = (tmp_path / "host1").glob("*.json")
+    shutil.copytree(tmp_path / "host1", tmp_path / "host2")  # two hosts' results copied together
+    rec = json.loads(rec_path.read_text())
+    newer = {**rec, "started_at": "2999-01-01T00:00:00+00:00", "summary": {**rec["summary"], "speedup": 7.5}}
+    (tmp_path / "host3").mkdir()
+    (tmp_path / "host3" / rec_path.name).write_text(json.dumps(newer))  # the same cell measured again
+    cut = {k: v for k, v in rec.items() if k != "summary"}
+    (tmp_path / "host3" / "cut.json").write_text(json.dumps({**cut, "cell_id": "other"}))  # valid JSON, no summary
+    out = _report(tmp_path)
+    assert out.returncode == 0, out.stderr
+    warnings = [ln for ln in out.stderr.splitlines() if ln.startswith("warning: ")]
+    assert any("is a copy of" in w for w in warnings), warnings
+    assert any("measures the same cell as" in w and "host3" in w for w in warnings), warnings
+    assert any("cut.json is a record without summary.decode_tps" in w for w in warnings), warnings
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "report.csv")
+    assert len(df) == 1 and df["speedup"].iloc[0] == 7.5  # the newer measurement, once
+    assert _report("--strict", tmp_path).returncode == 1
