@@ -216,6 +216,19 @@ class SubprocessArm(External):
                                "(the engine reported none)") + "; no logits, so divergence margins are unavailable"}
 
 
+def _listening(url: str) -> bool:
+    """Whether a process already accepts connections at url's host and port."""
+    import socket
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    try:
+        with socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 @register("server")
 class ServerArm(External):
     """An OpenAI-compatible server (mlx_lm.server, llama.cpp's llama-server, vLLM, your own)
@@ -234,6 +247,10 @@ class ServerArm(External):
                               "have the harness start the server)")
         self.url, self.timeout_s = cfg.url.rstrip("/"), cfg.request_timeout_s
         self.model = cfg.model  # None: the request names no model, so the server uses the one it loaded
+        if cfg.launch and _listening(self.url):
+            # The launched server could not bind, and the old one would answer /health and every request.
+            raise OutsideError(f"method.launch would start a server for {self.url}, where another process already "
+                               "listens: stop it, or give the launched server another port (in method.url too)")
         self.child = Child(cfg.launch, log_path("server")) if cfg.launch else None
         self.reported: dict = {}  # what the server said about its drafting (llama.cpp's timings)
         self.prompt_tokens_seen: list[tuple[int, int]] = []  # (server's prompt token count, ours)
@@ -244,6 +261,14 @@ class ServerArm(External):
             raise
 
     def _wait_healthy(self, timeout_s: float) -> str:
+        path = self._poll_health(timeout_s)
+        time.sleep(0.2 if self.child else 0)  # a launched server that answered must still be the one running
+        if self.child and self.child.proc.poll() is not None:
+            raise OutsideError(f"server {self.child.who()} exited with code {self.child.proc.returncode} although "
+                               f"{self.url} answered: another process answers there{self.child.log_tail()}")
+        return path
+
+    def _poll_health(self, timeout_s: float) -> str:
         import urllib.error
         import urllib.request
 

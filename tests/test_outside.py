@@ -6,6 +6,7 @@ the sweep goes on."""
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -206,3 +207,33 @@ def test_llama_cpp_server_with_and_without_prompt_lookup_on_the_real_gguf(tmp_pa
         assert rec["engine"]["prompt_tokens_differ"] == 0 and rec["summary"]["decode_tps"] > 0
         tokens[name] = [p["tokens"] for p in rec["prompts"]]
     assert tokens["plain"] == tokens["lookup"]  # its prompt lookup is lossless at temperature 0
+
+
+def test_a_launched_server_on_a_port_another_server_holds_is_an_error_not_the_old_servers_numbers(tmp_path):
+    port = _free_port()
+    script = tmp_path / "server.py"
+    script.write_text(textwrap.dedent(FAKE_SERVER))
+    old = subprocess.Popen([sys.executable, str(script), "ok", str(port)])
+    try:
+        deadline = time.monotonic() + 20
+        while not _port_open(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        out = tmp_path / "out"
+        r = harness("method=server", f"method.url=http://127.0.0.1:{port}",
+                    f"method.launch='{sys.executable} {script} ok {port}'", "method.startup_timeout_s=5", *SMOKE,
+                    f"out_dir={out}")
+        assert r.returncode == 3, r.stderr
+        (rec,) = records(out).values()
+        assert rec["status"] == "error" and "another process already listens" in rec["reason"], rec["reason"]
+    finally:
+        old.kill()
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
