@@ -183,6 +183,10 @@ def main() -> None:
         sys.exit(2)
     try:
         _hydra_main()
+    except KeyboardInterrupt:
+        print("error: interrupted; the records of cells that finished are kept, the cell that was running wrote "
+              "nothing (run the same command again: finished cells are skipped)", file=sys.stderr)
+        sys.exit(130)
     except ValueError as e:  # Hydra's refusal of flags that exclude each other (-m with --cfg): one line
         if not str(e).startswith("Only one of"):
             raise

@@ -269,3 +269,24 @@ def test_the_report_reads_merged_results_one_row_per_cell_and_names_what_it_left
     df = pd.read_csv(tmp_path / "report.csv")
     assert len(df) == 1 and df["speedup"].iloc[0] == 7.5  # the newer measurement, once
     assert _report("--strict", tmp_path).returncode == 1
+
+
+def test_ctrl_c_is_one_line_and_exit_130_with_nothing_half_written(tmp_path):
+    import signal
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.Popen([sys.executable, "-m", "harness", "arch=llama", "method=ngram", "bench=smoke",
+                          "bench.max_new_tokens=400", f"out_dir={tmp_path}"], cwd=REPO, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background job ignores it
+    seen = []
+    for line in p.stderr:  # interrupted mid-cell: after its first timed turn
+        seen.append(line)
+        if "turn 1/" in line:
+            break
+    p.send_signal(signal.SIGINT)
+    _, rest = p.communicate(timeout=120)
+    err = "".join(seen) + rest
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and _errors(err)[-1].startswith("error: interrupted")
+    assert not list(tmp_path.glob("*.json"))
