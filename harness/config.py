@@ -254,7 +254,8 @@ def resolve_drafter(cfg, kind: str) -> str:
 
             raise Unsupported(f"no draft model for arch.model={cfg.arch.model}: pass method.drafter=<a small model "
                               "sharing its tokenizer> (checkpoint dir, GGUF file or packaged model name)")
-        return str(resolve_model(spec or DEFAULT_FIXTURE_DRAFT_MODEL, cfg.arch.dtype, cfg.arch.gguf_dequantize))
+        return str(resolve_model(spec or DEFAULT_FIXTURE_DRAFT_MODEL, cfg.arch.dtype, cfg.arch.gguf_dequantize,
+                                 key="method.drafter"))
     if spec is None and kind == "mtp":
         from harness.models import resolve_model
 

@@ -75,23 +75,24 @@ NAMED = {
 }
 
 
-def named_model_file(name: str) -> Path:
+def named_model_file(name: str, key: str = "arch.model") -> Path:
     """The file a named model is (joined into the cache first when split); ConfigError with
     the install command when a part is missing or the file differs from the pinned checksum."""
     from harness.gguf_import import file_sha256
 
     m = NAMED[name]
     if len(m.parts) > 1:
-        return packaged.joined(m.parts, m.file, m.sha256, f"arch.model={name}")
-    path, _ = packaged.find(m.parts[0], f"arch.model={name}")
+        return packaged.joined(m.parts, m.file, m.sha256, f"{key}={name}")
+    path, _ = packaged.find(m.parts[0], f"{key}={name}")
     sha = file_sha256(path)
     if sha != m.sha256:
-        raise ConfigError(f"arch.model={name}: {path} has sha256 {sha[:16]}..., not the {m.sha256[:16]}... this "
+        raise ConfigError(f"{key}={name}: {path} has sha256 {sha[:16]}..., not the {m.sha256[:16]}... this "
                           f"harness was written against; reinstall it with `{m.install_line} --force-reinstall`")
     return path
 
 
-def resolve_model(spec: str, dtype: str = "native", gguf_dequantize: bool = True, log=None) -> Path:
+def resolve_model(spec: str, dtype: str = "native", gguf_dequantize: bool = True, log=None,
+                  key: str = "arch.model") -> Path:
     """The checkpoint directory `spec` names; raises ConfigError naming the fix.
 
     A GGUF file (or a named model that is one) becomes the mlx-lm directory it converts to:
@@ -101,11 +102,11 @@ def resolve_model(spec: str, dtype: str = "native", gguf_dequantize: bool = True
 
     if spec in NAMED:
         mode = dtype if gguf_dequantize else "native"
-        return gguf_import.convert(named_model_file(spec), mode, log)
+        return gguf_import.convert(named_model_file(spec, key), mode, log)
     if spec.startswith("fixture:"):
         name = spec.split(":", 1)[1]
         if fixtures.original(name)[0] not in fixtures.FIXTURES:
-            raise ConfigError(f"unknown fixture {name!r} in arch.model; available: "
+            raise ConfigError(f"unknown fixture {name!r} in {key}; available: "
                               f"{', '.join('fixture:' + n for n in fixtures.fixture_names())} "
                               f"(each also quantized: fixture:<name>-q4, fixture:<name>-q8)")
         return fixtures.fixture_dir(name)
@@ -115,9 +116,9 @@ def resolve_model(spec: str, dtype: str = "native", gguf_dequantize: bool = True
         try:
             return scale.checkpoint_dir(spec.split(":", 1)[1])
         except KeyError as e:
-            raise ConfigError(f"arch.model={spec}: {e.args[0]}") from None
+            raise ConfigError(f"{key}={spec}: {e.args[0]}") from None
     path = Path(spec).expanduser()
-    fix = ("set arch.model to a local checkpoint directory (config.json, *.safetensors, tokenizer files), a .gguf "
+    fix = (f"set {key} to a local checkpoint directory (config.json, *.safetensors, tokenizer files), a .gguf "
            f"file, or a named model ({', '.join(NAMED)})")
     if not path.exists():
         raise ConfigError(f"model directory {path} does not exist; {fix}")
@@ -125,7 +126,7 @@ def resolve_model(spec: str, dtype: str = "native", gguf_dequantize: bool = True
     if gguf_file is not None:
         return gguf_import.convert(gguf_file, dtype if gguf_dequantize else "native", log)
     if not path.is_dir():
-        raise ConfigError(f"arch.model={path} is a file, not a directory; {fix}")
+        raise ConfigError(f"{key}={path} is a file, not a directory; {fix}")
     snapshots = path / "snapshots"
     if not (path / "config.json").exists() and snapshots.is_dir():
         candidates = sorted((p for p in snapshots.iterdir() if (p / "config.json").exists()),

@@ -290,3 +290,13 @@ def test_ctrl_c_is_one_line_and_exit_130_with_nothing_half_written(tmp_path):
     assert p.returncode == 130, err
     assert "Traceback" not in err and _errors(err)[-1].startswith("error: interrupted")
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_a_broken_draft_model_names_method_drafter_not_arch_model(tmp_path):
+    (tmp_path / "dm").mkdir()
+    (tmp_path / "dm" / "config.json").write_text('{"model_type": "llama"}')
+    r = harness("arch=llama", "method=draft_model", f"method.drafter={tmp_path / 'dm'}", "bench=smoke",
+                f"out_dir={tmp_path / 'out'}")
+    assert r.returncode == 2
+    line = _errors(r.stderr)[-1]
+    assert "has no *.safetensors weights; set method.drafter to" in line and "arch.model" not in line
