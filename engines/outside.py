@@ -210,7 +210,7 @@ class SubprocessArm(External):
     def describe(self):
         h = self.proc.hello
         return {"implementation": h.get("implementation", "?"), "version": h.get("version"),
-                "command": self.proc.command, "log": str(self.proc.log_path), "protocol": "subprocess JSON lines",
+                "acceptance_observed": self.reported, "command": self.proc.command, "log": str(self.proc.log_path), "protocol": "subprocess JSON lines",
                 "observed": "token ids and arrival times per line; drafted/accepted "
                             + ("as the engine reported them" if self.reported else "inferred from tokens per line "
                                "(the engine reported none)") + "; no logits, so divergence margins are unavailable"}
@@ -373,6 +373,7 @@ class ServerArm(External):
     def describe(self):
         differ = [s for s in self.prompt_tokens_seen if s[0] != s[1]]
         return {"implementation": f"OpenAI-compatible server at {self.url}", "model": self.model,
+                "acceptance_observed": False,
                 "launch": self.child.command if self.child else None,
                 "log": str(self.child.log_path) if self.child else None, "health": self.health,
                 "protocol": "POST /v1/completions, stream", "server_reported": self.reported or None,

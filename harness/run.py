@@ -171,6 +171,8 @@ def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path) -> dict:
             record.update(measured)
         record["load"] = load.record
         record["engine"] = arms.method.describe()  # after measuring: rollback=auto has picked its strategy
+        if record["engine"].get("acceptance_observed") is False:
+            _unobserved_acceptance(record["summary"])
         if arms.base is not None and not arms.reference_is_base:  # what the ratio is against, what it cannot show
             record["reference_engine"] = arms.base.describe()
         record["status"] = "ok"
@@ -192,6 +194,14 @@ def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path) -> dict:
     if "wall" in record:  # where the cell's wall time went; `other`: ceiling probe, calibration-free bookkeeping
         record["wall"]["other"] = round(record["wall_s"] - sum(record["wall"].values()), 3)
     return record
+
+
+def _unobserved_acceptance(summary: dict) -> None:
+    """An arm that cannot see its rounds (a server's stream, an engine that reports no counts)
+    has its tokens per step inferred: tau and acceptance would read 100%, so none are given."""
+    for key in ("tau", "acceptance_rate", "per_position_acceptance"):
+        summary[key] = None
+    summary["acceptance_unobserved"] = True
 
 
 def _quantization(ckpt) -> dict | None:

@@ -166,9 +166,13 @@ def categories(records) -> pd.DataFrame:
         label = category_labels(items)
         for i in items:
             groups.setdefault(label(i), []).append(i)
+        unobserved = rec["summary"].get("acceptance_unobserved")  # tokens per step inferred: no tau to show
         for cat, group in groups.items():
+            summary = category_summary(group)
+            if unobserved:
+                summary.update(tau=None, acceptance_rate=None, per_position_acceptance=None)
             rows.append({**_keys(rec, labels), "reference": rec["cell"].get("reference") or "base",
-                         "category": cat, **category_summary(group), "cell_id": rec["cell_id"]})
+                         "category": cat, **summary, "cell_id": rec["cell_id"]})
     df = pd.DataFrame(rows, columns=CATEGORY_COLUMNS)
     df["block_size"] = df["block_size"].astype("Int64")
     return df

@@ -3,6 +3,7 @@ examples/ gives base's tokens with its own timings, and an engine that will not 
 too slowly, writes garbage or dies mid-cell gives an `error` record naming what happened while
 the sweep goes on."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -112,7 +113,11 @@ class H(BaseHTTPRequestHandler):
         piece = json.dumps({"choices": [{"text": "hello"}]})
         self.wfile.write(f"data: {piece}\\n\\n".encode())
         self.wfile.flush()
-        if mode == "malformed":
+        if mode == "good":  # a whole answer: 15 more pieces and the end of the stream
+            for _ in range(15):
+                self.wfile.write(f"data: {piece}\\n\\n".encode())
+            self.wfile.write(b"data: [DONE]\\n\\n")
+        elif mode == "malformed":
             self.wfile.write(b"data: {not json\\n\\n")
         elif mode == "dies":
             sys.stderr.write("out of memory in the KV cache\\n")
@@ -237,3 +242,21 @@ def _port_open(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def test_a_server_arm_reports_no_acceptance_it_cannot_observe(tmp_path):
+    port = _free_port()
+    script = tmp_path / "server.py"
+    script.write_text(textwrap.dedent(FAKE_SERVER))
+    out = tmp_path / "out"
+    r = harness("method=server", f"method.url=http://127.0.0.1:{port}",
+                f"method.launch='{sys.executable} {script} good {port}'", "method.startup_timeout_s=20", *SMOKE,
+                f"out_dir={out}")
+    assert r.returncode == 0, r.stderr
+    (rec,) = records(out).values()
+    s = rec["summary"]
+    assert s["acceptance_unobserved"] and s["tau"] is None and s["acceptance_rate"] is None
+    rep = subprocess.run([sys.executable, "-m", "report", str(out)], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert rep.returncode == 0, rep.stderr
+    assert "100.0%" not in (out / "report.md").read_text()
