@@ -166,7 +166,7 @@ def categories(records) -> pd.DataFrame:
         label = category_labels(items)
         for i in items:
             groups.setdefault(label(i), []).append(i)
-        unobserved = rec["summary"].get("acceptance_unobserved")  # tokens per step inferred: no tau to show
+        unobserved = (rec.get("summary") or {}).get("acceptance_unobserved")  # tokens per step inferred: no tau to show
         for cat, group in groups.items():
             summary = category_summary(group)
             if unobserved:
