@@ -300,3 +300,11 @@ def test_a_broken_draft_model_names_method_drafter_not_arch_model(tmp_path):
     assert r.returncode == 2
     line = _errors(r.stderr)[-1]
     assert "has no *.safetensors weights; set method.drafter to" in line and "arch.model" not in line
+
+
+def test_the_report_does_not_call_divergence_at_temperature_a_bug(tmp_path):
+    r = harness("arch=llama", "method=ngram", *QUICK, "bench.temperature=0.8", f"out_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    assert _report(tmp_path).returncode == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "Cells sampled at temperature > 0 (ngram) leave the greedy output by design" in md
