@@ -121,9 +121,13 @@ def check_out_dir(out_dir: str, key: str = "out_dir") -> None:
     from pathlib import Path
 
     path = Path(out_dir).expanduser()
+    made = [p for p in [path, *path.parents] if not p.exists()]  # removed again: bad input leaves no folder
+    MADE_BY_RUN.extend(p.resolve() for p in made)  # Hydra makes them again for the run; gone if it stops on bad input
     try:
         path.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=path).close()
+        for p in made:
+            p.rmdir()
     except OSError as e:
         why = e.strerror or type(e).__name__
         raise ConfigError(f"{key}={out_dir} cannot hold the records: {why} ({e.filename or path}); "
@@ -146,6 +150,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         run_cell(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        _drop_if_empty(cfg.out_dir)
         sys.exit(2)
     except CellAborted as e:
         print(f"error: {e}", file=sys.stderr)
@@ -156,6 +161,20 @@ def _hydra_main(cfg: DictConfig) -> None:
     if mode == "worker" and OUTCOMES and OUTCOMES[-1]["status"] == "error":
         # A job in its own process: failing it is how its launcher learns; the others run on.
         raise RuntimeError(f"cell {OUTCOMES[-1]['cell']}: error: {OUTCOMES[-1]['reason']}")
+
+
+MADE_BY_RUN: list = []  # folders out_dir needed that did not exist before this run, leaf first
+
+
+def _drop_if_empty(out_dir: str) -> None:
+    """Remove the folders Hydra made for a run that stopped on bad input, as long as they are empty."""
+    from pathlib import Path
+
+    for p in MADE_BY_RUN or [Path(out_dir).expanduser()]:
+        try:
+            p.rmdir()
+        except OSError:
+            return  # not empty (other cells' records), or not there
 
 
 def _job_mode() -> str:

@@ -308,3 +308,10 @@ def test_the_report_does_not_call_divergence_at_temperature_a_bug(tmp_path):
     assert _report(tmp_path).returncode == 0
     md = (tmp_path / "report.md").read_text()
     assert "Cells sampled at temperature > 0 (ngram) leave the greedy output by design" in md
+
+
+@pytest.mark.parametrize("bad", [["method=subprocess"], ["method=ngram", "method.block_size=1000"]])
+def test_bad_input_leaves_no_output_folder_behind(tmp_path, bad):
+    r = harness("arch=llama", *bad, "bench=smoke", f"out_dir={tmp_path / 'new' / 'run'}")
+    assert r.returncode == 2, r.stderr
+    assert not (tmp_path / "new").exists()
