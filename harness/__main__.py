@@ -18,7 +18,8 @@ import sys  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from harness.config import GROUPS, NESTED, OPTION_GROUPS, Config, ConfigError, conf_dir, group_options, register_configs
+from harness.config import (GROUPS, MADE_BY_RUN, NESTED, OPTION_GROUPS, Config, ConfigError, check_out_dir, conf_dir,
+                            group_options, register_configs)
 
 
 # Hydra's own flags that take the next argument as their value (`--cfg job`), and --info's
@@ -115,25 +116,6 @@ def preflight(overrides: list) -> None:
             check_out_dir(value, key)
 
 
-def check_out_dir(out_dir: str, key: str = "out_dir") -> None:
-    """out_dir (or the Hydra dir `key`) exists or can be made, and takes a file; else ConfigError."""
-    import tempfile
-    from pathlib import Path
-
-    path = Path(out_dir).expanduser()
-    made = [p for p in [path, *path.parents] if not p.exists()]  # removed again: bad input leaves no folder
-    MADE_BY_RUN.extend(p.resolve() for p in made)  # Hydra makes them again for the run; gone if it stops on bad input
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path).close()
-        for p in made:
-            p.rmdir()
-    except OSError as e:
-        why = e.strerror or type(e).__name__
-        raise ConfigError(f"{key}={out_dir} cannot hold the records: {why} ({e.filename or path}); "
-                          "pass a writable directory, e.g. out_dir=results/mine") from None
-
-
 def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
@@ -161,9 +143,6 @@ def _hydra_main(cfg: DictConfig) -> None:
     if mode == "worker" and OUTCOMES and OUTCOMES[-1]["status"] == "error":
         # A job in its own process: failing it is how its launcher learns; the others run on.
         raise RuntimeError(f"cell {OUTCOMES[-1]['cell']}: error: {OUTCOMES[-1]['reason']}")
-
-
-MADE_BY_RUN: list = []  # folders out_dir needed that did not exist before this run, leaf first
 
 
 def _drop_if_empty(out_dir: str) -> None:

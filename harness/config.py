@@ -290,3 +290,25 @@ def resolve_drafter(cfg, kind: str) -> str:
         raise ConfigError(f"method.drafter={path} is not a drafter directory (no config.json); "
                           f"pass the directory of a {kind} checkpoint")
     return str(path)
+
+
+MADE_BY_RUN: list = []  # folders out_dir needed that did not exist before this run, leaf first
+
+
+def check_out_dir(out_dir: str, key: str = "out_dir", example: str = "out_dir=results/mine") -> None:
+    """out_dir (or the Hydra dir `key`) exists or can be made, and takes a file; else ConfigError."""
+    import tempfile
+    from pathlib import Path
+
+    path = Path(out_dir).expanduser()
+    made = [p for p in [path, *path.parents] if not p.exists()]  # removed again: bad input leaves no folder
+    MADE_BY_RUN.extend(p.resolve() for p in made)  # Hydra makes them again for the run; gone if it stops on bad input
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+        for p in made:
+            p.rmdir()
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise ConfigError(f"{key}={out_dir} cannot hold the records: {why} ({e.filename or path}); "
+                          f"pass a writable directory, e.g. {example}") from None

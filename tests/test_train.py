@@ -356,3 +356,13 @@ def test_impossible_ids_for_training_are_one_line_not_a_crash(args, said, tmp_pa
             "train.steps=2", *SMALL)
     assert r.returncode == 2, r.stderr[-2000:]  # was a segfault (exit 139) for the mask id
     assert said in r.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("where", ["a_file", "a_file/under_it"])
+def test_training_into_an_out_that_cannot_hold_it_is_one_line(tmp_path, where):
+    (tmp_path / "a_file").write_text("not a folder")
+    r = run("harness.train", "train=mtp", "arch=llama", f"out={tmp_path / where}", "train.steps=2", *SMALL)
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: out=") and "pass a writable directory, e.g. out=drafters/mine" in lines[-1]
+    assert "Traceback" not in r.stderr

@@ -27,7 +27,7 @@ from pathlib import Path  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from harness.config import ConfigError, conf_dir  # noqa: E402
+from harness.config import ConfigError, check_out_dir, conf_dir  # noqa: E402
 from train.config import register, validate  # noqa: E402
 
 
@@ -145,12 +145,17 @@ def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("-")]
     try:  # compose once up front: a typo or a wrong type is one line and exit 2, not Hydra's traceback
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            compose(config_name="training", overrides=args)
+            composed = compose(config_name="training", overrides=args)
     except Exception as e:  # noqa: BLE001 -- Hydra's composition errors: keep the first line
         cause = e.__cause__ or e
         key = getattr(cause, "full_key", None)
         first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         print(f"error: {key + ': ' if key else ''}{first}", file=sys.stderr)
+        sys.exit(2)
+    try:  # Hydra makes `out` its run folder before the job: a file there would be its traceback
+        check_out_dir(str(composed.out), "out", "out=drafters/mine")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     _hydra_main()
 
