@@ -214,19 +214,29 @@ def test_llama_cpp_server_with_and_without_prompt_lookup_on_the_real_gguf(tmp_pa
     assert tokens["plain"] == tokens["lookup"]  # its prompt lookup is lossless at temperature 0
 
 
-def test_a_launched_server_on_a_port_another_server_holds_is_an_error_not_the_old_servers_numbers(tmp_path):
-    port = _free_port()
+def _launched_server_cell(tmp_path, mode: str, port: int, startup_timeout_s: int):
+    """(harness result, out_dir) of one server cell that launches FAKE_SERVER in `mode` on `port`."""
     script = tmp_path / "server.py"
     script.write_text(textwrap.dedent(FAKE_SERVER))
-    old = subprocess.Popen([sys.executable, str(script), "ok", str(port)])
+    out = tmp_path / "out"
+    r = harness("method=server", f"method.url=http://127.0.0.1:{port}",
+                f"method.launch='{sys.executable} {script} {mode} {port}'",
+                f"method.startup_timeout_s={startup_timeout_s}", *SMOKE, f"out_dir={out}")
+    return r, out
+
+
+def test_a_launched_server_on_a_port_another_server_holds_is_an_error_not_the_old_servers_numbers(tmp_path):
+    from engines.outside import _listening
+
+    port = _free_port()
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "server.py").write_text(textwrap.dedent(FAKE_SERVER))
+    old = subprocess.Popen([sys.executable, str(tmp_path / "old" / "server.py"), "ok", str(port)])
     try:
         deadline = time.monotonic() + 20
-        while not _port_open(port) and time.monotonic() < deadline:
+        while not _listening(f"http://127.0.0.1:{port}") and time.monotonic() < deadline:
             time.sleep(0.1)
-        out = tmp_path / "out"
-        r = harness("method=server", f"method.url=http://127.0.0.1:{port}",
-                    f"method.launch='{sys.executable} {script} ok {port}'", "method.startup_timeout_s=5", *SMOKE,
-                    f"out_dir={out}")
+        r, out = _launched_server_cell(tmp_path, "ok", port, 5)
         assert r.returncode == 3, r.stderr
         (rec,) = records(out).values()
         assert rec["status"] == "error" and "another process already listens" in rec["reason"], rec["reason"]
@@ -234,24 +244,8 @@ def test_a_launched_server_on_a_port_another_server_holds_is_an_error_not_the_ol
         old.kill()
 
 
-def _port_open(port: int) -> bool:
-    import socket
-
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 def test_a_server_arm_reports_no_acceptance_it_cannot_observe(tmp_path):
-    port = _free_port()
-    script = tmp_path / "server.py"
-    script.write_text(textwrap.dedent(FAKE_SERVER))
-    out = tmp_path / "out"
-    r = harness("method=server", f"method.url=http://127.0.0.1:{port}",
-                f"method.launch='{sys.executable} {script} good {port}'", "method.startup_timeout_s=20", *SMOKE,
-                f"out_dir={out}")
+    r, out = _launched_server_cell(tmp_path, "good", _free_port(), 20)
     assert r.returncode == 0, r.stderr
     (rec,) = records(out).values()
     s = rec["summary"]
