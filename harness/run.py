@@ -229,9 +229,10 @@ def _build_arms(model, tokenizer, cfg) -> Arms:
         target = Target(model, kv=cfg.kv.name, rollback=strategy, kv_group_size=cfg.kv.group_size,
                         stage_every=cfg.dispatch.stage_every, stable_attention=cfg.dispatch.stable_attention,
                         small_m_gemm=cfg.dispatch.small_m_gemm)
-        if "drafter" in get_engine(name).knobs and get_engine(name).drafter_kind == "draft_model":
+        cls = get_engine(name)
+        if "drafter" in cls.knobs and cls.drafter_kind == "draft_model":
             check_shared_tokenizer(tokenizer, Path(method_cfg.drafter))
-        eng = get_engine(name)(target, method_cfg)
+        eng = cls(target, method_cfg)
         if eng.external:
             eng.tokenizer = tokenizer  # reference APIs take one (for stop tokens); ids still go in and out
         return eng
