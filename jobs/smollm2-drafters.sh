@@ -39,7 +39,7 @@ else
   # Batches 2-4x run 2's (whose drafters were short of examples seen, not of data): the trainings
   # share one host-bound GPU, so a step of more rows costs little more time. Steps are what two
   # calls of TRAIN_S reach; a run stopped by time exports its best held-out step and resumes.
-  declare -A ARGS=([eagle3]="train.steps=2000 train.batch=32 train.lr=5e-4 train.draft_vocab_size=8192"
+  declare -A ARGS=([eagle3]="train.steps=${EAGLE3_STEPS:-2000} train.batch=${EAGLE3_BATCH:-32} train.lr=5e-4 train.draft_vocab_size=8192"
                    [dflash]="train.steps=4000 train.batch=16 train.num_layers=3 train.block_size=8"
                    [mtp]="train.steps=4000 train.batch=24 train.lr=5e-4"
                    [draft_model]="train.steps=3000 train.batch=24 train.lr=4e-4 train.num_layers=2")
