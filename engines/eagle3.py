@@ -306,6 +306,8 @@ class Eagle3Drafter(nn.Module):
         return nn.log_softmax(self.logits(h, target).astype(mx.float32), axis=-1)
 
     def logits(self, h: mx.array, target=None) -> mx.array:
+        if h.ndim == 1:  # MLX's CUDA quantized matmul fails on a 1-D input ("SmallVector out of range")
+            return self.logits(h[None], target)[0]
         x = self.norm(h)
         return self.lm_head(x) if "lm_head" in self else lm_head(target, x, softcap=False)
 
