@@ -34,7 +34,7 @@ def test_each_shipped_drafter_has_its_training_record_and_stays_small(kind):
     rec = json.loads((path / "training.json").read_text())
     assert rec["kind"] == kind and rec["data"]["answer_tokens"] > 1_000_000 and (path / "curves.png").is_file()
     weights = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    assert weights < 6 * 2**20, f"{kind}: {weights} bytes of weights"  # the repo travels to the GPU with every call
+    assert weights < 7 * 2**20, f"{kind}: {weights} bytes of weights"  # the repo travels to the GPU with every call (64 MiB a call)
     assert json.loads((path / "config.json").read_text())["quantization"]["bits"] == 4
 
 
