@@ -160,3 +160,22 @@ def test_bad_eagle3_drafters_give_one_line_errors(models, tmp_path, edit, messag
 def test_default_aux_layers_follow_the_reference():
     from engines.eagle3 import default_aux_layers
     assert default_aux_layers(32) == (2, 16, 29)
+
+
+def test_a_quantized_drafter_drafts_a_tree_losslessly(models):
+    """The shipped drafters are 4-bit and stay quantized on GPU backends: the tree's root is one
+    hidden state, which MLX's CUDA quantized matmul refused as a 1-D input (run on the device
+    with `pytest -m cuda`)."""
+    import mlx.nn as nn
+
+    model, tok = models["llama"]
+    eng = Eagle3(Target(model), eagle_cfg("llama"))
+    nn.quantize(eng.drafter, group_size=32, bits=8,
+                class_predicate=lambda _, m: isinstance(m, nn.Linear) and m.weight.shape[-1] % 32 == 0)
+    assert "scales" in eng.drafter.lm_head, "the drafter's head is quantized"
+    h = mx.random.normal((eng.drafter.norm.weight.shape[0],))
+    assert mx.array_equal(eng.drafter.logits(h, model), eng.drafter.logits(h[None], model)[0])
+    ids = next(_units(tok))[1]
+    got = generate_ids(eng, ids, NEW_TOKENS)
+    assert got.tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+    assert any(r.tree_size > 0 for r in got.rounds)
