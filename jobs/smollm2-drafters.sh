@@ -8,7 +8,10 @@
 #   bash jobs/smollm2-drafters.sh measure   # device: every method on bench=real_full -> $OUT/records.tgz
 #   TINY=1 bash jobs/smollm2-drafters.sh all   # CPU: the whole job end to end with tiny settings
 #
-# Device calls on a fresh machine (../shared/gpu/README.md; each within 30 s of the last):
+# Device calls on a fresh machine (../shared/gpu/README.md; each within 30 s of the last). With the
+# tracked tree at 42 MB a call carries at most ~24 MB more (64 MiB in all): run 3 moved libmlx.part02
+# out of .gpu/c into .gpu/p2 (stashed like a and b; c's activate.sh reads it from /root/stash), split
+# the GGUF in 20 MiB parts (split-big.sh ... smollm2.gguf 20) and stashed one folder a call (nine calls).
 #   1 bash .gpu/a/stash.sh && bash .gpu/big-smollm2.gguf-00/stash.sh     carry .gpu/a .gpu/big-smollm2.gguf-00
 #   2 bash .gpu/b/stash.sh && bash .gpu/big-smollm2.gguf-01/stash.sh     carry .gpu/b .gpu/big-smollm2.gguf-01
 #   3 the remaining parts' stash.sh, two or three per call
