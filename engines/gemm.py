@@ -51,8 +51,9 @@ _BODY = r"""
     // x [M, K], w [N, K] row contiguous -> y [M, N]. A block owns 16 output features; its
     // WARPS warps split K. Within a 32-wide k chunk a lane loads 8 contiguous values of each
     // of its rows: a dot product is the same sum in any k order, so A (w) and B (x) share one
-    // permuted order and every load is 16 bytes.
-    constexpr int NT = (M + 7) / 8;
+    // permuted order and every load is 16 bytes. M (<= 8 * NT) is read at run time, so one
+    // compiled kernel serves every row count of its 8-row bucket.
+    const int M = rows[0];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int g = lane >> 2, t = lane & 3;
     const T* wa = w + (size_t)(n0 + g) * K + 8 * t;  // this lane's rows g and g + 8
@@ -112,12 +113,13 @@ def _prelude(n: int) -> str:
 
 def _kernel(n: int):
     names = [f"w{j}" for j in range(n)]
-    return mx.fast.cuda_kernel(f"harness_small_m_gemm{n}", ["x", *names], [f"y{j}" for j in range(n)],
+    return mx.fast.cuda_kernel(f"harness_small_m_gemm{n}", ["x", "rows", *names], [f"y{j}" for j in range(n)],
                                _prelude(n) + _BODY, header=_HEADER)
 
 
 _KERNELS: dict = {}  # number of weights -> the kernel object (CUDA only)
 _CALLS: dict = {}  # (x's shape, widths, dtype) -> its launch, traced once by mx.compile
+_ROWS: dict = {}  # row count -> int32 [1] holding it (the kernel's run-time M)
 
 
 def available() -> bool:
@@ -138,19 +140,32 @@ def takes(rows: int, weight: mx.array, dtype) -> bool:
             and N % 16 == 0 and K % 32 == 0)
 
 
+def row_tiles(rows: int) -> int:
+    """8-row MMA tiles a call of `rows` rows needs: the kernel's compile-time bucket. NVRTC
+    compiles once per (bucket, K, widths, dtype), not per row count: with M a template
+    argument a SmolLM2 cell compiled 15 row counts x 5 shapes (over 100 s on the H200)."""
+    return (rows + 7) // 8
+
+
+def template(shape: tuple, widths: tuple, dtype) -> list:
+    """The kernel's template arguments for x of `shape` times weights of `widths` rows: what
+    NVRTC compiles once for (no row count in it, only its 8-row bucket)."""
+    return [("T", dtype), ("NT", row_tiles(prod(shape[:-1]))), ("K", shape[-1]), ("WARPS", warps_for(shape[-1])),
+            *((f"N{j}", w) for j, w in enumerate(widths))]
+
+
 def _launch(shape: tuple, widths: tuple, dtype):
     # A call of a raw kernel object rebuilds its source and template hash every time; the
     # compiled function replays the primitive it traced once. Host time per call on the H200:
     # 4.5 -> 1.4 us (one weight), 5.9 -> 3.4 us (three).
-    n, K, M = len(widths), shape[-1], prod(shape[:-1])
+    n, K, warps = len(widths), shape[-1], warps_for(shape[-1])
     if n not in _KERNELS:
         _KERNELS[n] = _kernel(n)
-    kernel, warps = _KERNELS[n], warps_for(K)
-    launch = dict(template=[("T", dtype), ("M", M), ("K", K), ("WARPS", warps),
-                            *((f"N{j}", w) for j, w in enumerate(widths))],
+    kernel = _KERNELS[n]
+    launch = dict(template=template(shape, widths, dtype),
                   grid=(32 * warps, sum(widths) // 16, 1), threadgroup=(32 * warps, 1, 1),
                   output_shapes=[(*shape[:-1], w) for w in widths], output_dtypes=[dtype] * n)
-    return mx.compile(lambda x, *ws: kernel(inputs=[x, *ws], **launch))
+    return mx.compile(lambda x, rows, *ws: kernel(inputs=[x, rows, *ws], **launch))
 
 
 def grouped_matmul(x: mx.array, ws: list) -> list:
@@ -160,7 +175,9 @@ def grouped_matmul(x: mx.array, ws: list) -> list:
     call = _CALLS.get(key)
     if call is None:
         call = _CALLS[key] = _launch(*key)
-    return call(x, *ws)
+        rows = x.size // x.shape[-1]
+        _ROWS.setdefault(rows, mx.array([rows], mx.int32))
+    return call(x, _ROWS[x.size // x.shape[-1]], *ws)
 
 
 def small_m_matmul(x: mx.array, w: mx.array) -> mx.array:

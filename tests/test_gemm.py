@@ -51,6 +51,14 @@ def test_warps_split_k_into_whole_32_wide_chunks():
     assert [gemm.warps_for(k) for k in (2048, 1536, 576, 96, 160, 32)] == [8, 8, 6, 3, 1, 1]
 
 
+def test_one_compiled_kernel_serves_every_row_count_of_its_8_row_bucket():
+    # NVRTC compiles per distinct template; a row count in it cost a SmolLM2 cell > 100 s of compiles
+    shapes = [(m, 576) for m in range(2, 17)] + [(1, m, 576) for m in range(2, 17)]
+    templates = {str(gemm.template(s, (576, 192, 192), mx.bfloat16)) for s in shapes}
+    assert len(templates) == 2
+    assert [gemm.row_tiles(m) for m in (2, 8, 9, 16)] == [1, 1, 2, 2]
+
+
 def test_the_routed_linear_keeps_its_bias():
     layer = nn.Linear(256, 16, bias=True)
     layer.set_dtype(mx.bfloat16)
