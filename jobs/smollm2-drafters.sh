@@ -125,6 +125,9 @@ measure() {  # each method paired with base, the bf16 exports on a bf16 target (
     d=$W/pack/${m%_a}/q4  # the form that ships (4-bit), as the call before packed it
     [ -d "$d" ] || d=$W/${m%_a}
     [ -d "$d" ] || d=harness/data/drafters/smollm2/${m%_a}  # none trained on this machine: the one the repo ships
+    if [ -n "${DEQ:-}" ] && [ "$m" != ngram ]; then  # its floating copy (MLX's CUDA JIT compiles quantized matmuls per shape)
+      python -m train.quantize --dequantize "$d" "$W/deq/${m%_a}" >/dev/null && d=$W/deq/${m%_a}
+    fi
     timeout "$CELL_S" python -m harness arch=smollm2 "arch.model=$G" "arch.dtype=$DTYPE" "method=$m" \
       $([ "$m" = ngram ] || echo "method.drafter=$d") "${BENCH[@]}" "out_dir=$W/cells" ${EXTRA:-}
     log "$m: exit $?"

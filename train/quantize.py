@@ -4,7 +4,9 @@
 `*.weight` whose input width the group size divides (the linear layers: norms are 1-D, d2t /
 t2d are integers) into uint32 with scales and biases, and records `quantization` in
 config.json; the harness's drafter loaders read the result strictly (engines/checkpoint.py
-quantize_like). Anything else is copied unchanged.
+quantize_like). Anything else is copied unchanged. `--dequantize` writes the floating copy of
+a quantized drafter (its weights as the quantized form decodes them, in --dtype): what a
+backend that compiles its quantized matmuls per shape runs instead (MLX's CUDA JIT).
 """
 
 from __future__ import annotations
@@ -46,14 +48,53 @@ def quantize_drafter(src: Path, dest: Path, bits: int = 8, group_size: int = 64)
     return counts
 
 
+def dequantize_drafter(src: Path, dest: Path, dtype=mx.bfloat16) -> dict:
+    """Write the floating copy of quantized drafter `src` to `dest` (each packed weight as
+    mx.dequantize gives it, cast to `dtype`); returns {unpacked, kept} tensor counts."""
+    src, dest = Path(src), Path(dest)
+    config = json.loads((src / "config.json").read_text())
+    q = config.pop("quantization", None)
+    if q is None:
+        raise SystemExit(f"{src}: config.json has no quantization: it is not a quantized drafter")
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    counts = {"unpacked": 0, "kept": 0}
+    for f in sorted(src.glob("*.safetensors")):
+        weights, out = mx.load(str(f)), {}
+        for k, v in weights.items():
+            base = k[: -len("scales")] if k.endswith(".scales") else None
+            if base is not None and base + "weight" in weights:
+                out[base + "weight"] = mx.dequantize(weights[base + "weight"], v, weights.get(base + "biases"),
+                                                     group_size=q["group_size"], bits=q["bits"]).astype(dtype)
+                counts["unpacked"] += 1
+            elif not (k.endswith(".biases") and k[: -len("biases")] + "scales" in weights) and \
+                    not (k.endswith(".weight") and k[: -len("weight")] + "scales" in weights):
+                out[k] = v
+                counts["kept"] += 1
+        mx.save_safetensors(str(tmp / f.name), out, metadata={"format": "mlx"})
+    for f in src.iterdir():
+        if f.is_file() and f.suffix not in (".safetensors",) and f.name != "config.json":
+            shutil.copyfile(f, tmp / f.name)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return counts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("src", type=Path)
     ap.add_argument("dest", type=Path)
     ap.add_argument("--bits", type=int, default=8, choices=(2, 3, 4, 5, 6, 8))
     ap.add_argument("--group-size", type=int, default=64, choices=(32, 64, 128))
+    ap.add_argument("--dequantize", action="store_true", help="write the floating copy of a quantized drafter")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     a = ap.parse_args()
-    print(quantize_drafter(a.src, a.dest, a.bits, a.group_size))
+    if a.dequantize:
+        print(dequantize_drafter(a.src, a.dest, getattr(mx, a.dtype)))
+    else:
+        print(quantize_drafter(a.src, a.dest, a.bits, a.group_size))
 
 
 if __name__ == "__main__":
