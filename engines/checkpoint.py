@@ -304,14 +304,21 @@ def quantize_like(module: nn.Module, weights: dict, config: dict, where) -> froz
     return frozenset(f"{p}.weight" for p in packed)
 
 
-def dequantize_on_cpu(module: nn.Module, dtype) -> bool:
-    """On the CPU backend, turn `module`'s quantized layers back into float layers of `dtype`
-    (the same values: a weight is what its packed form decodes to); True when it did. MLX's
-    CPU quantized matmul runs about 20x slower than a float32 GEMM at drafter shapes (a
-    [4, 576] x [576, 8192] product: 18 ms 4-bit against 0.9 ms float32, 2 cores with MKL),
-    so a quantized drafter would cost more than the target it drafts for. Elsewhere (GPU)
-    quantized layers stay as they are."""
-    if mx.default_device().type != mx.cpu:
+def keeps_quantized(device_type, cuda: bool) -> bool:
+    """Whether a quantized drafter runs as it is on this backend: on Metal only. MLX's CPU
+    quantized matmul runs about 20x slower than a float32 GEMM at drafter shapes (a
+    [4, 576] x [576, 8192] product: 18 ms 4-bit against 0.9 ms float32, 2 cores with MKL), and
+    MLX's CUDA backend JIT-compiles its quantized matmuls per shape: a 4-bit DFlash drafter
+    spent over 79 s of a SmolLM2 cell's first generation compiling on the H200, its bf16 copy
+    11 s (docs/benchmarks/2026-12-04-smollm2-run4)."""
+    return device_type == mx.gpu and not cuda
+
+
+def float_drafter(module: nn.Module, dtype) -> bool:
+    """Where quantized layers do not pay (`keeps_quantized`), turn `module`'s quantized layers
+    back into float layers of `dtype` (the same values: a weight is what its packed form
+    decodes to); True when it did."""
+    if keeps_quantized(mx.default_device().type, mx.cuda.is_available()):
         return False
     from mlx_lm.utils import dequantize_model
 

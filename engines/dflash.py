@@ -33,7 +33,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from engines.base import Draft, DrafterError, Engine, register
 from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, ROPE_FIELDS, SLIDING_FIELDS,
-                                Field, check_rope, check_tensors, attention_types, dequantize_on_cpu, quantize_like, read_config, read_fields, read_tensors,
+                                Field, check_rope, check_tensors, attention_types, float_drafter, quantize_like, read_config, read_fields, read_tensors,
                                 refuse_unknown, refuse_unknown_fields, rope_settings, write_checkpoint)
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
@@ -331,7 +331,7 @@ def load_drafter(path: Path, target_model: nn.Module) -> DFlashDrafter:
     drafter.load_weights([(k, weights[k]) for k in expected])
     drafter.set_dtype(activation_dtype(target_model))
     drafter.eval()
-    dequantize_on_cpu(drafter, activation_dtype(target_model))
+    float_drafter(drafter, activation_dtype(target_model))
     mx.eval(drafter.parameters())
     return drafter
 

@@ -20,7 +20,7 @@ from mlx_lm.models.cache import RotatingKVCache
 
 from engines import shared_weights
 from engines.base import Draft, DrafterError, Engine, Unsupported, register
-from engines.checkpoint import dequantize_on_cpu
+from engines.checkpoint import float_drafter
 from engines.home import home
 from engines.hidden import activation_dtype, vocab_size
 from engines.target import Target
@@ -47,7 +47,7 @@ def load_draft_model(path: Path, target: Target):
                            "a draft model must share the target's tokenizer")
     model.set_dtype(activation_dtype(target.model))
     model.eval()
-    dequantize_on_cpu(model, activation_dtype(target.model))
+    float_drafter(model, activation_dtype(target.model))
     mx.eval(model.parameters())
     return model, config
 

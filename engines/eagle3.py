@@ -52,7 +52,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 from engines.base import Draft, DrafterError, Engine, register
 from engines.cache import trim_attention
 from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, ROPE_FIELDS, SLIDING_FIELDS,
-                                Field, attention_types, check_rope, check_tensors, dequantize_on_cpu, quantize_like, read_config, read_fields,
+                                Field, attention_types, check_rope, check_tensors, float_drafter, quantize_like, read_config, read_fields,
                                 read_tensors, refuse_unknown, refuse_unknown_fields, rope_settings, write_checkpoint)
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
@@ -356,7 +356,7 @@ def load_eagle3(path: Path, target: nn.Module) -> Eagle3Drafter:
     cast = lambda w: w.astype(dtype) if mx.issubdtype(w.dtype, mx.floating) else w  # packed weights stay uint32
     drafter.load_weights([("d2t", d2t), *((k, cast(weights[k])) for k in expected)])
     drafter.eval()
-    dequantize_on_cpu(drafter, dtype)
+    float_drafter(drafter, dtype)
     mx.eval(drafter.parameters())
     return drafter
 

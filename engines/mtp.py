@@ -39,7 +39,7 @@ from mlx_lm.models.cache import KVCache
 
 from engines.base import Draft, DrafterError, Engine, Unsupported, register
 from engines.cache import trim_attention
-from engines.checkpoint import check_tensors, dequantize_on_cpu, load_safetensors, quantize_like, read_json
+from engines.checkpoint import check_tensors, float_drafter, load_safetensors, quantize_like, read_json
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, decoder, embed, final_norm, lm_head, num_layers, text_model
 
@@ -136,7 +136,7 @@ def load_mtp(path: Path, model: nn.Module) -> MTPHead:
     head.load_weights([(k, mtp[k].astype(dtype) if mx.issubdtype(mtp[k].dtype, mx.floating) else mtp[k])
                        for k in expected])
     head.eval()
-    dequantize_on_cpu(head, dtype)
+    float_drafter(head, dtype)
     mx.eval(head.parameters())
     return head
 

