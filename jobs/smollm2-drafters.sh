@@ -9,14 +9,15 @@
 #   TINY=1 bash jobs/smollm2-drafters.sh all   # CPU: the whole job end to end with tiny settings
 #
 # Device calls on a fresh machine (../shared/gpu/README.md; each within 30 s of the last). With the
-# tracked tree at 42 MB a call carries at most ~24 MB more (64 MiB in all): run 3 moved libmlx.part02
-# out of .gpu/c into .gpu/p2 (stashed like a and b; c's activate.sh reads it from /root/stash), split
-# the GGUF in 20 MiB parts (split-big.sh ... smollm2.gguf 20) and stashed one folder a call (nine calls).
-#   1 bash .gpu/a/stash.sh && bash .gpu/big-smollm2.gguf-00/stash.sh     carry .gpu/a .gpu/big-smollm2.gguf-00
-#   2 bash .gpu/b/stash.sh && bash .gpu/big-smollm2.gguf-01/stash.sh     carry .gpu/b .gpu/big-smollm2.gguf-01
-#   3 the remaining parts' stash.sh, two or three per call
-#   4 source .gpu/c/activate.sh && bash jobs/smollm2-drafters.sh data train     carry .gpu/c .gpu/job
-#   5 source .gpu/env/activate.sh && bash jobs/smollm2-drafters.sh measure      carry .gpu/env .gpu/job
+# tracked tree at 45 MB a call carries at most ~21.7 MB more (64 MiB in all): run 4 split libmlx in
+# four (.gpu/a, .gpu/b, .gpu/p2, .gpu/p3, each with stash.sh; .gpu/c's activate.sh joins
+# /root/stash/libmlx.part0[0-3]) and the GGUF in 20 MiB parts (split-big.sh ... smollm2.gguf 20):
+#   1-4 bash .gpu/X/stash.sh                                   carry .gpu/X  (a, b, p2, p3)
+#   5-9 bash .gpu/big-smollm2.gguf-0N/stash.sh                 carry that part
+#   10  source .gpu/c/activate.sh && bash jobs/smollm2-drafters.sh data train     carry .gpu/c .gpu/job
+#   11  source .gpu/env/activate.sh && bash jobs/smollm2-drafters.sh measure      carry .gpu/env
+# Nine stash calls cost ~30 s of device time on a warm machine. DEQ=1 measures dequantized copies
+# of the drafters (run 4's check of MLX's per-shape CUDA JIT of quantized matmuls).
 # Every artifact goes to $OUT in the step that makes it (one file per drafter, each < 16 MiB):
 # the machine, and everything on it, goes back 30 s after a call returns.
 set -uo pipefail
