@@ -42,9 +42,23 @@ def evaluate(check, record: dict | None) -> list[list]:
         for metric, bound in bounds.items():
             value = summary.get(metric)
             ok = value is not None and (value >= bound if op == ">=" else value <= bound)
-            shown = "missing" if value is None else f"{value:.4g}"
+            shown = _missing(metric, summary) if value is None else f"{value:.4g}"
             rows.append([check.name, metric, f"{op} {bound:g}", shown, "pass" if ok else "FAIL"])
     return rows
+
+
+def _missing(metric: str, summary: dict) -> str:
+    """Why a bound's metric has no value in a record: an interval from too few reps (or
+    prompts), a cell without a paired base arm, or a name the record does not know."""
+    if "ci_" in metric:
+        n, what, fix = ((summary.get("speedup_prompts_n") or 0, "prompts (turns)", "bench.max_prompts")
+                        if metric.startswith("speedup_prompts") else
+                        (len(summary.get("speedup_reps") or []), "paired reps", "bench.reps"))
+        if n < 2:
+            return f"missing: a 95% CI needs >= 2 {what}, this cell has {n} (raise {fix})"
+    if metric not in summary:
+        return f"missing: a record's summary has no {metric!r} (a typo in the gate file?)"
+    return "missing: the record holds no value for it"
 
 
 def run_gate(cfg) -> int:

@@ -67,6 +67,21 @@ def test_an_impossible_gate_exits_nonzero_with_a_readable_table(tmp_path):
     assert "1 of 2 bounds fell short" in r.stderr
 
 
+def test_a_gate_bound_without_a_value_says_why():
+    from types import SimpleNamespace
+
+    from harness.gate import evaluate
+
+    check = SimpleNamespace(name="c", min={"speedup_ci_low": 1.0, "speedup_prompts_ci_low": 1.0, "speedd": 1.0}, max={})
+    one_rep = {"status": "ok", "summary": {"speedup_reps": [1.2], "speedup_ci_low": None, "speedup_prompts_n": 1,
+                                           "speedup_prompts_ci_low": None}}
+    shown = {r[1]: r[3] for r in evaluate(check, one_rep)}
+    assert shown["speedup_ci_low"] == "missing: a 95% CI needs >= 2 paired reps, this cell has 1 (raise bench.reps)"
+    assert "needs >= 2 prompts" in shown["speedup_prompts_ci_low"] and "bench.max_prompts" in shown["speedup_prompts_ci_low"]
+    assert "has no 'speedd'" in shown["speedd"]
+    assert all(r[-1] == "FAIL" for r in evaluate(check, one_rep))
+
+
 def test_an_interrupted_sweep_resumes_with_only_the_missing_cells(tmp_path):
     out = tmp_path / "sweep"
     sweep = ["+sweep=qwen35", "method=base,ngram"]  # 6 distinct cells: enough to interrupt midway
