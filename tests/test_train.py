@@ -169,7 +169,11 @@ def test_every_evaluation_prompt_is_refused_as_a_training_prompt(tmp_path):
         r = run("harness.train", "train=mtp", "arch=llama", f"out={tmp_path / suite}", f"data.prompts={prompts}",
                 "data.n_prompts=2", "data.eval_rows=1")
         assert r.returncode == 2 and f"overlaps the {suite} evaluation suite" in r.stderr, r.stderr[-2000:]
-        assert not list((tmp_path / suite / "data").glob("shard-*"))  # refused before any answer was generated
+        assert not (tmp_path / suite / "data").exists()  # refused before any answer, and no cache left behind
+    prompts.write_text(json.dumps({"prompt": "Tell me a story."}) + "\n" + json.dumps({"prompt": "Name three rivers."}))
+    r = run("harness.train", "train=mtp", "arch=llama", f"out={tmp_path / 'gsm8k'}", f"data.prompts={prompts}",
+            "data.n_prompts=2", "data.eval_rows=1", "data.stop_after=prompts")
+    assert r.returncode == 0, r.stderr[-2000:]  # the corrected rerun is not blocked by the refused run's cache
 
 
 def test_magpie_prefix_is_the_template_text_before_the_user_message():
@@ -366,3 +370,23 @@ def test_training_into_an_out_that_cannot_hold_it_is_one_line(tmp_path, where):
     lines = r.stderr.strip().splitlines()
     assert lines[-1].startswith("error: out=") and "pass a writable directory, e.g. out=drafters/mine" in lines[-1]
     assert "Traceback" not in r.stderr
+
+
+def test_two_trainings_into_one_out_are_refused_while_the_first_holds_it(tmp_path):
+    from train.__main__ import hold_out_lock
+
+    held = hold_out_lock(tmp_path / "o")
+    with pytest.raises(ConfigError, match=f"being written by another training \\(pid {os.getpid()}\\)"):
+        hold_out_lock(tmp_path / "o")
+    held.close()
+    hold_out_lock(tmp_path / "o").close()  # free once the first has ended
+
+
+def test_resuming_into_a_checkpoint_of_another_drafter_shape_is_one_line(tmp_path, data_cache):
+    common = ["train=eagle3", "arch=llama", f"data.cache_dir={data_cache / 'llama'}", f"out={tmp_path / 'o'}",
+              "train.ckpt_every_steps=2", *SMALL]
+    assert run("harness.train", *common, "train.steps=2").returncode == 0
+    r = run("harness.train", *[c for c in common if "intermediate_size" not in c], "train.intermediate_size=96",
+            "train.steps=4")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "checkpoint of another drafter shape" in r.stderr.strip().splitlines()[-1]

@@ -19,6 +19,7 @@ blas.select()  # before anything imports mlx (harness/blas.py)
 
 import hashlib  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import random  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -53,6 +54,29 @@ def split_rows(rows, n_eval: int, seed: int):
     return pick(order[n_eval:]), pick(order[:n_eval])
 
 
+def hold_out_lock(out: Path):
+    """An exclusive lock on out/.train.lock for as long as the returned file stays open, or
+    ConfigError naming the process that holds it: two trainings into one `out` would interleave
+    checkpoints and overwrite each other's export."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    f = open(out / ".train.lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ConfigError(f"out={out} is being written by another training ({holder}); wait for it to end, "
+                          "or pass another out") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}")
+    f.flush()
+    return f
+
+
 def train(cfg) -> int:
     """One training job; returns the exit code."""
     import mlx.core as mx
@@ -68,6 +92,7 @@ def train(cfg) -> int:
         mx.set_cache_limit(int(cfg.train.memory_limit_gb * 2**30 / 10))
     t0 = time.perf_counter()
     out = Path(cfg.out).expanduser()
+    lock = hold_out_lock(out)  # noqa: F841 -- held until this process ends
     ckpt = resolve_model(cfg.arch.model, cfg.arch.dtype, cfg.arch.gguf_dequantize, log)
     target, tokenizer = load_target(ckpt, cfg.arch.dtype)
     target.eval()

@@ -30,6 +30,7 @@ import json
 import os
 import random
 import re
+import shutil
 import time
 import unicodedata
 from dataclasses import asdict, dataclass
@@ -254,6 +255,7 @@ def build(model, tokenizer, ckpt: Path, cfg, cache: Path, log) -> tuple[Rows, di
     """The rows (generating what the cache lacks) and the data part of the training record."""
     source = _source(cfg, cache)
     want = manifest(ckpt, tokenizer, cfg, source)
+    created = not cache.exists()
     cache.mkdir(parents=True, exist_ok=True)
     have = read_manifest(cache)
     if have is not None and {k: v for k, v in have.items() if k not in NOT_COMPARED} != want:
@@ -263,7 +265,12 @@ def build(model, tokenizer, ckpt: Path, cfg, cache: Path, log) -> tuple[Rows, di
     _write_atomic(cache / "manifest.json", json.dumps({**(have or {}), **want}, indent=2))
     prompts = _prompts(model, tokenizer, cfg, cache, log)
     texts, sources = eval_texts()
-    check_overlap(prompts, texts)
+    try:
+        check_overlap(prompts, texts)
+    except ConfigError:
+        if have is None:  # a refused run leaves no cache behind to block the corrected rerun
+            _forget(cache, created)
+        raise
     if cfg.stop_after == "prompts":
         log(f"data: {len(prompts)} prompts written to {cache} (data.stop_after=prompts)")
         return None, {"cache": str(cache), "prompts": len(prompts)}
@@ -276,6 +283,15 @@ def build(model, tokenizer, ckpt: Path, cfg, cache: Path, log) -> tuple[Rows, di
             "answer_tokens": rows.answer_tokens(), "overlap_checked": sources, "shards": shards,
             "generation": done.get("generation"), "filtered": done.get("filtered"), **asdict(cfg)}
     return rows, info
+
+
+def _forget(cache: Path, created: bool) -> None:
+    """Remove what a refused run wrote into `cache`: the folder if the run made it, else its files."""
+    if created:
+        shutil.rmtree(cache, ignore_errors=True)
+        return
+    for name in ("manifest.json", "prompts.jsonl"):
+        (cache / name).unlink(missing_ok=True)
 
 
 def read_manifest(cache: Path) -> dict | None:

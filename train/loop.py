@@ -25,6 +25,8 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
+from harness.config import ConfigError
+
 KEEP = 2  # checkpoints kept
 
 
@@ -215,13 +217,28 @@ def load_best(ckdir: Path, module) -> int | None:
     return json.loads((best / "step.json").read_text())["step"]
 
 
+def _check_shapes(saved: dict, have: dict, where: Path) -> None:
+    """ConfigError unless checkpoint `where` holds exactly this drafter's tensors, shape for shape
+    (a run resumed into an `out` that another drafter shape trained in)."""
+    if set(saved) != set(have):
+        odd = sorted(set(saved) ^ set(have))[0]
+        raise ConfigError(f"{where} is a checkpoint of another drafter ({odd} is in one and not the other): pass "
+                          "another out, or delete its ckpt/ folder to start this drafter from step 0")
+    for k, v in have.items():
+        if saved[k].shape != v.shape:
+            raise ConfigError(f"{where} is a checkpoint of another drafter shape ({k}: {tuple(saved[k].shape)} saved, "
+                              f"{tuple(v.shape)} now): pass another out, or delete its ckpt/ folder to start over")
+
+
 def restore(ckdir: Path, module, opt, log) -> State:
     """The newest complete checkpoint loaded into module and opt, or a fresh State."""
     done = sorted(p for p in ckdir.glob("step-*") if (p / "state.json").exists()) if ckdir.is_dir() else []
     if not done:
         return State()
     last = done[-1]
-    module.load_weights(list(mx.load(str(last / "weights.safetensors")).items()))
+    saved = mx.load(str(last / "weights.safetensors"))
+    _check_shapes(saved, dict(tree_flatten(module.parameters())), last)
+    module.load_weights(list(saved.items()))
     opt.state = tree_unflatten(list(mx.load(str(last / "optimizer.safetensors")).items()))
     state = State(**json.loads((last / "state.json").read_text()))
     state.resumed_from.append(state.step)
