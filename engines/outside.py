@@ -15,7 +15,8 @@ drafted and accepted all but one of them, and the record says acceptance was inf
 Times are the harness's own clock at each line's arrival (a reader thread stamps them), so
 the arm is timed as the harness's arms are: first token, then tokens after it over the time
 after it. Any failure (the engine will not start, dies, writes a malformed line, stalls past
-method.request_timeout_s) raises OutsideError naming it, and the cell is an `error` record.
+method.request_timeout_s, a bound on the whole request) raises OutsideError naming it, and
+the cell is an `error` record.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from engines.base import Unsupported, register
 from engines.external import External, stamped_events
 
 STDERR_TAIL = 40  # lines of the engine's log quoted in an error
+TAIL_S = 5.0  # how long a stream may run on past its last needed token (for its closing usage/timings chunk)
 
 
 class OutsideError(RuntimeError):
@@ -130,10 +132,12 @@ class Process(Child):
             raise OutsideError(f"{self.who()} is not reading requests (exit code {self.proc.poll()})"
                                f"{self.log_tail()}") from None
 
-    def receive_stamped(self, timeout_s: float, waiting_for: str) -> tuple[float, dict]:
-        """(arrival time, message) of the next line; OutsideError on EOF, timeout or bad JSON."""
+    def receive_stamped(self, timeout_s: float, waiting_for: str, until: float | None = None) -> tuple[float, dict]:
+        """(arrival time, message) of the next line; OutsideError on EOF, timeout or bad JSON.
+        `until` (time.monotonic) bounds the whole operation the line belongs to, `timeout_s` its length."""
+        wait = timeout_s if until is None else max(until - time.monotonic(), 1e-3)
         try:
-            t, line = self.lines.get(timeout=timeout_s)
+            t, line = self.lines.get(timeout=wait)
         except queue.Empty:
             raise OutsideError(f"{self.who()} took longer than {timeout_s:g} s {waiting_for}{self.log_tail()}") from None
         if line is None:
@@ -142,8 +146,8 @@ class Process(Child):
                                f"{waiting_for}{self.log_tail()}")
         return t, json_object(line, f"{self.who()} wrote a malformed line")
 
-    def receive(self, timeout_s: float, waiting_for: str) -> dict:
-        return self.receive_stamped(timeout_s, waiting_for)[1]
+    def receive(self, timeout_s: float, waiting_for: str, until: float | None = None) -> dict:
+        return self.receive_stamped(timeout_s, waiting_for, until)[1]
 
 
 def log_path(kind: str) -> Path:
@@ -177,9 +181,9 @@ class SubprocessArm(External):
         self.proc.send({"type": "generate", "id": rid, "prompt_ids": list(map(int, prompt)),
                         "max_new_tokens": max_new_tokens, "temperature": sampler.temperature, "seed": sampler.seed,
                         "stop_ids": sorted(stop_tokens)})
-        n = 0
+        n, until = 0, time.monotonic() + self.timeout_s  # method.request_timeout_s bounds the whole request
         while True:
-            t, m = self.proc.receive_stamped(self.timeout_s, f"for tokens of request {rid}")
+            t, m = self.proc.receive_stamped(self.timeout_s, f"to finish request {rid}", until)
             if m.get("id") != rid:
                 raise OutsideError(f"engine answered request {m.get('id')!r} while request {rid} was open: {m!r}")
             if "error" in m:
@@ -201,7 +205,7 @@ class SubprocessArm(External):
         if n == 0:
             raise OutsideError(f"engine finished request {rid} without a token")
         if not m.get("done"):  # drain to the done line so the next request starts clean
-            while not self.proc.receive(self.timeout_s, f"to finish request {rid}").get("done"):
+            while not self.proc.receive(self.timeout_s, f"to finish request {rid}", until).get("done"):
                 pass
 
     def close(self) -> None:
@@ -302,11 +306,19 @@ class ServerArm(External):
         try:
             conn.request("POST", (u.path or "") + "/v1/completions", json.dumps(body),
                          {"Content-Type": "application/json"})
+            sock = conn.sock  # the response reads it after the connection lets go (Connection: close)
             resp = conn.getresponse()
             if resp.status != 200:
                 raise OutsideError(f"server at {self.url} answered HTTP {resp.status}: {resp.read()[:300]!r}")
             while True:
-                line = resp.readline()
+                try:  # a deadline on the whole request, not on each read (a buffered line needs no wait)
+                    sock.settimeout(max(self.until - time.monotonic(), 1e-3))
+                    line = resp.readline()
+                except TimeoutError:
+                    if self.tokens_done:  # every token is in hand: a stream that does not end costs no more
+                        return
+                    raise OutsideError(f"server at {self.url} did not finish a request within method.request_timeout_s="
+                                       f"{self.timeout_s:g} s{self._died()}") from None
                 t = time.perf_counter()
                 if not line:
                     raise OutsideError(f"server at {self.url} closed the stream mid-stream, before `data: [DONE]`"
@@ -344,6 +356,7 @@ class ServerArm(External):
     def _chunks(self, body: dict, prompt_len: int, max_new_tokens: int):
         # (arrival time, new ids, drafted, accepted, None) per stream chunk that completes a token
         text, n = "", 0
+        self.until, self.tokens_done = time.monotonic() + self.timeout_s, False
         for t, chunk in self._stream(body):
             self._note(chunk, prompt_len)
             piece = "".join(c.get("text") or "" for c in chunk.get("choices") or [])
@@ -352,6 +365,8 @@ class ServerArm(External):
             text += piece
             ids = self.tokenizer.encode(text, add_special_tokens=False)[:max_new_tokens]
             new, n = ids[n:], len(ids)
+            if n >= max_new_tokens:  # the rest of the stream only carries totals (usage, llama.cpp's timings)
+                self.tokens_done, self.until = True, min(self.until, time.monotonic() + TAIL_S)
             if new:
                 yield t, new, len(new) - 1, len(new) - 1, None
         if n == 0:

@@ -49,7 +49,7 @@ class MethodConfig:
     max_ngram: int = 3  # ngram: longest suffix n-gram to match (tried first)
     command: Optional[str] = None  # subprocess: the engine's command line (engines/outside.py: the protocol)
     startup_timeout_s: float = 300.0  # subprocess / server: how long it may take to be ready (healthy)
-    request_timeout_s: float = 300.0  # subprocess / server: the longest wait for its next line / chunk
+    request_timeout_s: float = 300.0  # subprocess / server: the longest a whole request may take
     url: Optional[str] = None  # server: http://host:port of an OpenAI-compatible server
     model: Optional[str] = None  # server: the model name sent in requests (null = none: the one it loaded)
     launch: Optional[str] = None  # server: command line that starts it for the cell (null = already running)

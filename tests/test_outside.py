@@ -55,6 +55,15 @@ ENGINES = {  # a broken engine each, and what its error record must say
             sys.stderr.write("segfault in verify\\n")
             sys.exit(4)
         """, ["exited with code 4", "segfault in verify"]),
+    "trickles": ("""
+        import json, sys, time
+        print(json.dumps({"type": "ready"}), flush=True)
+        for line in sys.stdin:
+            req = json.loads(line)
+            while True:  # each line within any per-read timeout, the request never done
+                print(json.dumps({"id": req["id"], "tokens": [5]}), flush=True)
+                time.sleep(1.5)
+        """, ["took longer than 20 s to finish request 1"]),
     # Liars: each answer has the right shape and an impossible value; none may make an ok record.
     **{name: ("""
         import json, sys
@@ -92,8 +101,8 @@ def test_a_broken_engine_gives_an_error_record_naming_it_and_the_sweep_goes_on(t
 
 
 FAKE_SERVER = """
-import json, sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 mode, port = sys.argv[1], int(sys.argv[2])
 
 class H(BaseHTTPRequestHandler):
@@ -119,6 +128,16 @@ class H(BaseHTTPRequestHandler):
             self.wfile.write(b"data: [DONE]\\n\\n")
         elif mode == "malformed":
             self.wfile.write(b"data: {not json\\n\\n")
+        elif mode == "trickles":  # a piece a second: every read is prompt, the request never ends
+            while True:
+                time.sleep(1)
+                self.wfile.write(f"data: {piece}\\n\\n".encode())
+                self.wfile.flush()
+        elif mode == "never_ends":  # every token at once, then neither [DONE] nor a closed stream
+            for _ in range(40):
+                self.wfile.write(f"data: {piece}\\n\\n".encode())
+            self.wfile.flush()
+            time.sleep(3600)
         elif mode == "dies":
             sys.stderr.write("out of memory in the KV cache\\n")
             sys.stderr.flush()
@@ -126,7 +145,8 @@ class H(BaseHTTPRequestHandler):
             os._exit(9)
         self.wfile.flush()
 
-HTTPServer(("127.0.0.1", port), H).serve_forever()
+ThreadingHTTPServer.daemon_threads = True
+ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
 
@@ -143,6 +163,7 @@ SERVERS = {  # (launch mode or None, what the error record must say)
     "slow_to_start": ("sleep", ["was not healthy within 2 s"]),
     "malformed": ("malformed", ["malformed stream chunk", "{not json"]),
     "dies": ("dies", ["mid-stream", "exited with code 9", "out of memory in the KV cache"]),
+    "trickles": ("trickles", ["did not finish a request within method.request_timeout_s=4 s"]),
 }
 
 
@@ -156,13 +177,34 @@ def test_a_broken_server_gives_an_error_record_naming_it_and_the_sweep_goes_on(t
         mode, [f"method.launch='{sys.executable} {script} {mode} {port}'"])
     out = tmp_path / "out"
     r = harness("method=server,base", f"method.url=http://127.0.0.1:{port}", *launch, "method.startup_timeout_s=2",
-                "method.request_timeout_s=20", *SMOKE, f"out_dir={out}", "-m")
+                f"method.request_timeout_s={4 if kind == 'trickles' else 20}", *SMOKE, f"out_dir={out}", "-m")
     assert r.returncode != 0
     recs = {rec["cell"]["method"]["name"]: rec for rec in records(out).values()}
     assert recs["base"]["status"] == "ok"
     bad = recs["server"]
     assert bad["status"] == "error" and all(x in bad["reason"] for x in expected), bad["reason"]
     assert str(script) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout  # stopped
+
+
+def test_a_stream_that_never_ends_costs_seconds_once_its_tokens_are_in(tmp_path):
+    """Every token arrives at once and the stream then stays open: the request ends TAIL_S after
+    its last needed token (was: each request waited out method.request_timeout_s)."""
+    from engines.outside import TAIL_S
+
+    port = _free_port()
+    script = tmp_path / "server.py"
+    script.write_text(textwrap.dedent(FAKE_SERVER))
+    one_rep = [a for a in SMOKE if not a.startswith("bench.reps")] + ["bench.reps=1"]
+    t0 = time.monotonic()
+    r = harness("method=server", f"method.url=http://127.0.0.1:{port}", "method.startup_timeout_s=10",
+                f"method.launch='{sys.executable} {script} never_ends {port}'", "method.request_timeout_s=120",
+                *one_rep, f"out_dir={tmp_path / 'out'}")
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr[-2000:]
+    (rec,) = records(tmp_path / "out").values()
+    assert rec["status"] == "ok" and rec["summary"]["tokens"] == 2 * 16, rec.get("reason")
+    assert took < 100, took  # a handful of requests at TAIL_S each, not 120 s each
+    assert TAIL_S <= 10
 
 
 def test_mlx_lm_server_on_the_real_model_gives_base_tokens_ttft_and_decode_rate(tmp_path):
