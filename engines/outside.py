@@ -395,7 +395,7 @@ class ServerArm(External):
                 "prompt_tokens_differ": len(differ), "prompt_tokens_checked": len(self.prompt_tokens_seen),
                 "observed": "streamed text re-encoded with the target's tokenizer into ids (not the server's own ids); "
                             "chunk arrival times; per-round acceptance unobservable over HTTP (llama.cpp's totals "
-                            "are in server_reported); no logits, so divergence margins are unavailable"
-                            + (f"; warning: the server tokenized {len(differ)} of {len(self.prompt_tokens_seen)} prompts to "
-                               "another length than the harness's ids (e.g. a BOS added twice), so it answered other "
-                               "prompts" if differ else "")}
+                            "are in server_reported); no logits, so divergence margins are unavailable",
+                "warnings": [f"the server tokenized {len(differ)} of {len(self.prompt_tokens_seen)} prompts to another "
+                             f"length than the harness's ids (first: {differ[0][0]} tokens against {differ[0][1]}; e.g. a "
+                             "BOS added twice), so it answered other prompts than the other arms"] if differ else []}

@@ -122,9 +122,12 @@ class H(BaseHTTPRequestHandler):
         piece = json.dumps({"choices": [{"text": "hello"}]})
         self.wfile.write(f"data: {piece}\\n\\n".encode())
         self.wfile.flush()
-        if mode == "good":  # a whole answer: 15 more pieces and the end of the stream
+        if mode in ("good", "miscounts"):  # a whole answer: 15 more pieces and the end of the stream
             for _ in range(15):
                 self.wfile.write(f"data: {piece}\\n\\n".encode())
+            if mode == "miscounts":  # the usage chunk of a server that tokenized the prompt to 1 token
+                usage = json.dumps({"choices": [], "usage": {"prompt_tokens": 1}})
+                self.wfile.write(f"data: {usage}\\n\\n".encode())
             self.wfile.write(b"data: [DONE]\\n\\n")
         elif mode == "malformed":
             self.wfile.write(b"data: {not json\\n\\n")
@@ -184,6 +187,20 @@ def test_a_broken_server_gives_an_error_record_naming_it_and_the_sweep_goes_on(t
     bad = recs["server"]
     assert bad["status"] == "error" and all(x in bad["reason"] for x in expected), bad["reason"]
     assert str(script) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout  # stopped
+
+
+def test_a_server_that_tokenized_other_prompts_is_warned_about_on_the_console_and_in_the_record(tmp_path):
+    port = _free_port()
+    script = tmp_path / "server.py"
+    script.write_text(textwrap.dedent(FAKE_SERVER))
+    one_rep = [a for a in SMOKE if not a.startswith("bench.reps")] + ["bench.reps=1"]
+    r = harness("method=server", f"method.url=http://127.0.0.1:{port}", "method.startup_timeout_s=10",
+                f"method.launch='{sys.executable} {script} miscounts {port}'", *one_rep, f"out_dir={tmp_path / 'out'}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    (rec,) = records(tmp_path / "out").values()
+    (warning,) = rec["engine"]["warnings"]
+    assert "tokenized" in warning and "1 tokens against" in warning
+    assert f"warning: {warning}" in r.stderr
 
 
 def test_a_stream_that_never_ends_costs_seconds_once_its_tokens_are_in(tmp_path):
