@@ -55,6 +55,7 @@ def header(root: Path, records) -> str:
         "- tau = tokens per target verify (accepted drafts + bonus; base = 1). Acceptance = accepted / "
         "drafted tokens; by position: share of drafts at position i that were accepted.",
         *_cut_note(records),
+        *_few_reps_note(records),
         "- Profiles come from one extra generation per prompt with an mx.eval barrier after every phase; "
         "they never feed tok/s.",
         "- A reference other than base (`vs mlx_lm`: mlx-lm's generate_step; `vs dflash_zlab`: z-lab's DFlash "
@@ -102,6 +103,16 @@ def _cut_note(records) -> list[str]:
     return ["- **Reduced protocol** (a first run): the first prompts of each category instead of "
             "all of them, or fewer new tokens than the full 64, so acceptance and speedups rest on fewer rounds; "
             f"{full} runs the full protocol."]
+
+
+def _few_reps_note(records) -> list[str]:
+    # Two reps give the reps interval one degree of freedom (t = 12.71): it spans orders of magnitude.
+    cells = sorted({r["cell_id"] for _, r in records if len((r.get("summary") or {}).get("speedup_reps") or []) == 2})
+    if not cells:
+        return []
+    return [f"- **Two reps** in {len(cells)} cell(s): their `speedup [95% CI: reps]` rests on one degree of "
+            f"freedom (t = {stats.t975(1):.2f}), so it spans orders of magnitude and bounds nothing; read "
+            "`over prompts` for them, or rerun with bench.reps >= 3 for a reps interval."]
 
 
 def unread_section(root: Path, unread: list) -> list[str]:

@@ -67,6 +67,15 @@ def test_an_impossible_gate_exits_nonzero_with_a_readable_table(tmp_path):
     assert "1 of 2 bounds fell short" in r.stderr
 
 
+def test_the_report_says_a_two_rep_interval_bounds_nothing():
+    from report.document import _few_reps_note
+
+    rec = lambda cid, n: (None, {"cell_id": cid, "summary": {"speedup_reps": [1.1] * n}})  # noqa: E731
+    assert _few_reps_note([rec("a", 3), rec("b", 1)]) == []
+    (line,) = _few_reps_note([rec("a", 2), rec("b", 2), rec("c", 3)])
+    assert "2 cell(s)" in line and "t = 12.71" in line and "bench.reps >= 3" in line
+
+
 def test_a_gate_bound_without_a_value_says_why():
     from types import SimpleNamespace
 
