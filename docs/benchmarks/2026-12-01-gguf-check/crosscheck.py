@@ -18,6 +18,9 @@ reader's own tokenizer.
 
 Run from the comparison venv (see README.md): `python crosscheck.py` writes results.json
 next to this file and prints one JSON line. tests/test_gguf_crosscheck.py imports it.
+`python crosscheck.py <named model> [out.json] [greedy tokens]` checks another named model
+the same way (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, gemma3-270m: requirements-models.txt);
+greedy tokens 0 compares the prefill logits only.
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-MODEL = "smollm2"
+MODEL = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else "smollm2"
+RESULTS = Path(sys.argv[2]) if __name__ == "__main__" and len(sys.argv) > 2 else HERE / "results.json"
 N_MTBENCH, N_HUMANEVAL = 5, 5
-GREEDY_TOKENS = 32
+GREEDY_TOKENS = int(sys.argv[3]) if __name__ == "__main__" and len(sys.argv) > 3 else 32
 # Where llama.cpp's "smollm" pre-split (each digit alone) matters, if anywhere: numbers of every shape.
 TOKENIZE_PROBES = ["Call 555-1234 before 2026-12-01, pay $1,299.99 or 3.14159e-10 x 42 times.",
                    "for i in range(10000): x[i] = 0x1F + 007 * 12345678901234567890"]
@@ -274,7 +278,7 @@ def main() -> dict:
     suite = prompts()
     rows = []
     for p in suite:
-        row = check_prompt(readers, tokenizer, p)
+        row = check_prompt(readers, tokenizer, p, GREEDY_TOKENS)
         text = p.turns[0]
         row["tokenize"] = {"transformers": compare_tokens(tokenizer, lambda s: tf_tok.encode(s, add_special_tokens=False),
                                                           text)}
@@ -297,10 +301,13 @@ def main() -> dict:
 
     # The chat template itself: ours (rebuilt from the GGUF metadata) vs transformers' from the same metadata.
     msgs = [{"role": "user", "content": suite[0].turns[0]}]
-    tf_chat = tf_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    tf_chat = list(tf_chat["input_ids"] if isinstance(tf_chat, dict) or hasattr(tf_chat, "keys") else tf_chat)
-    chat = {"equal": encode(tokenizer, suite[0]) == tf_chat, "first_diff": first_diff(encode(tokenizer, suite[0]),
-                                                                                        tf_chat)}
+    if getattr(tf_tok, "chat_template", None) is None:  # a base model's GGUF (Gemma 3 270M) carries none
+        chat = {"equal": None, "why": "the GGUF has no chat template for transformers to read"}
+    else:
+        tf_chat = tf_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        tf_chat = list(tf_chat["input_ids"] if isinstance(tf_chat, dict) or hasattr(tf_chat, "keys") else tf_chat)
+        chat = {"equal": encode(tokenizer, suite[0]) == tf_chat,
+                "first_diff": first_diff(encode(tokenizer, suite[0]), tf_chat)}
 
     result = {"what": "harness GGUF import (MLX, float32) vs transformers' GGUF loader (torch, float32) and "
                       "llama.cpp (Q4_1 kernels), same token ids",
@@ -312,7 +319,8 @@ def main() -> dict:
               "overall": {n: overall(rows, n) for n in ("transformers", "llama.cpp", "transformers_vs_llama.cpp")},
               "chat_template_ids_equal_transformers": chat,
               "tokenize_probes": probes, "prompts": rows}
-    (HERE / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"overall": result["overall"], "seconds": result["seconds"]}))
     return result
 
