@@ -20,39 +20,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from harness.config import (GROUPS, MADE_BY_RUN, NESTED, OPTION_GROUPS, Config, ConfigError, check_out_dir, conf_dir,
                             group_options, register_configs)
-
-
-# Hydra's own flags that take the next argument as their value (`--cfg job`), and --info's
-# optional one: neither is an override.
-VALUE_FLAGS = {"-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",
-               "--config-dir", "--experimental-rerun"}
-INFO_FLAGS, INFO_VALUES = {"-i", "--info"}, {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
-
-
-def override_args(args: list[str]) -> list[str]:
-    """The command-line arguments that are overrides: Hydra's flags and their values left out."""
-    out, skip = [], False
-    for i, a in enumerate(args):
-        if skip:
-            skip = False
-        elif a.startswith("-"):
-            nxt = args[i + 1] if i + 1 < len(args) else None
-            skip = "=" not in a and (a in VALUE_FLAGS or (a in INFO_FLAGS and nxt in INFO_VALUES))
-        else:
-            out.append(a)
-    return out
-
-
-def parse_overrides(args: list[str]) -> list:
-    """The command line's overrides as Hydra parses them (flags aside); ConfigError with
-    Hydra's first line where its grammar refuses one."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        return OverridesParser.create().parse_overrides(override_args(args))
-    except Exception as e:  # noqa: BLE001 -- Hydra's grammar errors: keep their first line
-        raise ConfigError(f"cannot parse the overrides: {_first_line(e)} (grammar: "
-                          "https://hydra.cc/docs/advanced/override_grammar/basic/)") from None
+from harness.flags import ONLY_ONE, check_sweep_mode, first_job, first_line, override_args, parse_overrides  # noqa: E402
 
 
 def check_overrides(overrides: list) -> None:
@@ -91,20 +59,20 @@ def _search_dirs(overrides) -> list:
     return []
 
 
-def preflight(overrides: list) -> None:
+def preflight(overrides: list, args: list[str]) -> None:
     """Compose the config as the first job would (a sweep's first value per axis) and check
     out_dir can be written: ConfigError with Hydra's first line and the key it names."""
     from hydra import compose, initialize_config_dir
 
-    first = [o.input_line if not o.is_sweep_override() else
-             f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" for o in overrides]
+    first = first_job(overrides)
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = compose(config_name="config", overrides=first, return_hydra_config=True)
     except Exception as e:  # noqa: BLE001 -- composition errors (types, missing options): one line each
         cause = e.__cause__ or e
         key = getattr(cause, "full_key", None)
-        raise ConfigError(f"{key + ': ' if key else ''}{_first_line(cause)}") from None
+        raise ConfigError(f"{key + ': ' if key else ''}{first_line(cause)}") from None
+    check_sweep_mode(overrides, args, cfg.hydra)
     dirs = {"out_dir": str(cfg.out_dir)}
     for key in ("run", "sweep"):  # Hydra makes these before any job (both default to out_dir)
         try:
@@ -114,10 +82,6 @@ def preflight(overrides: list) -> None:
     for key, value in dirs.items():
         if key == "out_dir" or value != dirs["out_dir"]:
             check_out_dir(value, key)
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
@@ -175,7 +139,7 @@ def main() -> None:
         overrides = parse_overrides(sys.argv[1:])
         check_overrides(overrides)
         register_configs()
-        preflight(overrides)
+        preflight(overrides, sys.argv[1:])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -186,7 +150,7 @@ def main() -> None:
               "nothing (run the same command again: finished cells are skipped)", file=sys.stderr)
         sys.exit(130)
     except ValueError as e:  # Hydra's refusal of flags that exclude each other (-m with --cfg): one line
-        if not str(e).startswith("Only one of"):
+        if not str(e).startswith(ONLY_ONE):
             raise
         print(f"error: {e} (Hydra's rule; drop -m to see one job's config with --cfg)",
               file=sys.stderr)

@@ -214,23 +214,46 @@ def test_bad_input_gives_one_line_error_and_no_record(tmp_path, case):
     assert not out.exists() or not list(out.glob("*.json"))
 
 
-@pytest.mark.parametrize("flags, shows", [
+FLAGS = [  # each of Hydra's command-line flags, as a user of any Hydra app types it, and what stdout shows
     (["--cfg", "job"], "arch:"),
     (["-c", "hydra"], "hydra:"),
-    (["--resolve", "--cfg", "job", "method=ngram"], "name: ngram"),
-    (["--cfg=job", "method=ngram"], "name: ngram"),
+    (["--resolve", "--cfg", "job", "{method}=dflash_a"], ": dflash"),
+    (["--cfg=job", "{method}=mtp"], ": mtp"),
+    (["--cfg", "job", "--package", "arch"], "# @package arch"),
     (["--info", "defaults"], "Defaults List"),
-])
-def test_hydras_own_flags_and_their_values_are_not_read_as_overrides(flags, shows):
-    from harness.__main__ import override_args
+    (["--help"], "powered by Hydra"),
+    (["--hydra-help"], "Hydra (1."),
+]
+APPS = {"harness": "method", "harness.train": "train"}  # each app and the group its example override sets
 
-    assert override_args(flags) == [a for a in flags if a.startswith("method=")]
-    r = harness(*flags)
+
+@pytest.mark.parametrize("app", list(APPS))
+@pytest.mark.parametrize("flags, shows", FLAGS)
+def test_hydras_own_flags_and_their_values_are_not_read_as_overrides(app, flags, shows):
+    from harness.flags import override_args
+
+    flags = [f.format(method=APPS[app]) for f in flags]
+    if app == "harness.train":  # its option is dflash, the benchmark's dflash_a
+        flags = [f.replace("=dflash_a", "=dflash") for f in flags]
+    assert override_args(flags) == [a for a in flags if a.startswith(APPS[app] + "=")]
+    r = subprocess.run([sys.executable, "-m", app, *flags], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr
     assert shows in r.stdout
 
 
-def test_flags_hydra_refuses_together_are_one_line(tmp_path):
-    r = harness("-m", "--cfg", "job", "method=base,ngram", f"out_dir={tmp_path}")
+@pytest.mark.parametrize("app", list(APPS))
+def test_a_sweep_value_without_multirun_is_one_line(app):
+    r = subprocess.run([sys.executable, "-m", app, f"{APPS[app]}=mtp,ngram"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"error: {APPS[app]}=mtp,ngram lists several values: add -m (--multirun) to run "
+                                "one job per value, or give one value")
+
+
+@pytest.mark.parametrize("app", list(APPS))
+def test_flags_hydra_refuses_together_are_one_line(app):
+    r = subprocess.run([sys.executable, "-m", app, "-m", "--cfg", "job", f"{APPS[app]}=mtp,ngram"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error: Only one of") and len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,62 @@
+"""Hydra's own command-line flags, told apart from overrides: both apps (`python -m harness`,
+`python -m harness.train`) check their overrides before Hydra runs, and a flag's value
+(`--cfg job`) must never be read as one."""
+
+from __future__ import annotations
+
+from harness.config import ConfigError
+
+# Flags that take the next argument as their value (`--cfg job`), and --info's optional one.
+VALUE_FLAGS = {"-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",
+               "--config-dir", "--experimental-rerun"}
+INFO_FLAGS, INFO_VALUES = {"-i", "--info"}, {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+ONLY_ONE = "Only one of"  # the start of Hydra's ValueError for flags that exclude each other (-m with --cfg)
+
+
+def override_args(args: list[str]) -> list[str]:
+    """The command-line arguments that are overrides: Hydra's flags and their values left out."""
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+        elif a.startswith("-"):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            skip = "=" not in a and (a in VALUE_FLAGS or (a in INFO_FLAGS and nxt in INFO_VALUES))
+        else:
+            out.append(a)
+    return out
+
+
+def parse_overrides(args: list[str]) -> list:
+    """The command line's overrides as Hydra parses them (flags aside); ConfigError with
+    Hydra's first line where its grammar refuses one."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides(override_args(args))
+    except Exception as e:  # noqa: BLE001 -- Hydra's grammar errors: keep their first line
+        raise ConfigError(f"cannot parse the overrides: {first_line(e)} (grammar: "
+                          "https://hydra.cc/docs/advanced/override_grammar/basic/)") from None
+
+
+def check_sweep_mode(overrides: list, args: list[str], hydra_cfg) -> None:
+    """ConfigError where an override lists several values but the run is not a multirun (no -m
+    and no config that sets hydra.mode): Hydra's own refusal is a paragraph and a hint."""
+    from hydra.types import RunMode
+
+    sweeps = [o.input_line for o in overrides if o.is_sweep_override()]
+    multirun = {"-m", "--multirun"} & set(args) or hydra_cfg.get("mode") == RunMode.MULTIRUN
+    if sweeps and not multirun:
+        raise ConfigError(f"{sweeps[0]} lists several values: add -m (--multirun) to run one job per value, "
+                          "or give one value")
+
+
+def first_job(overrides: list) -> list[str]:
+    """Parsed overrides as the first job of a sweep gets them (each axis at its first value):
+    what a preflight composes to check the config before Hydra starts."""
+    return [o.input_line if not o.is_sweep_override() else
+            f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" for o in overrides]
+
+
+def first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
