@@ -37,7 +37,12 @@ def main(argv: list[str]) -> int:
         print(f"error: no harness records under {root}; run `python -m harness out_dir={root}` first",
               file=sys.stderr)
         return 2
-    md, df = write(root)
+    try:
+        md, df = write(root)
+    except OSError as e:
+        print(f"error: cannot write the report into {root} ({e.strerror or e}): pass a directory you can write to",
+              file=sys.stderr)
+        return 2
     print(arch_tables(df))
     print(f"{len(df)} cells -> {md} (+ report.csv, categories.csv, prompts.csv, profiles.csv, *.png in {root})",
           file=sys.stderr)

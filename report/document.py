@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -124,7 +127,21 @@ def unread_section(root: Path, unread: list) -> list[str]:
 
 
 def write(root: Path) -> tuple[Path, pd.DataFrame]:
-    """Write report.md, CSVs and PNGs into `root`; returns the markdown path and cell table."""
+    """Write report.md, CSVs and PNGs into `root`, all or none: they are made in a staging
+    folder and moved in together, so a failure leaves the previous report whole (never new
+    CSVs beside a stale report.md). Returns the markdown path and the cell table."""
+    staging = Path(tempfile.mkdtemp(prefix=".report-", dir=root))
+    try:
+        df = _write_into(root, staging)
+        for f in sorted(staging.iterdir()):
+            os.replace(f, root / f.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return root / "report.md", df
+
+
+def _write_into(root: Path, out: Path) -> pd.DataFrame:
+    """Every report file for the records under `root`, written into `out`."""
     from harness.records import scan_records
 
     records, unread = scan_records(root)
@@ -134,14 +151,14 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
     hists = accept_hists(records)
     cat = categories(records)
     outside = outside_arms(records)
-    df.to_csv(root / "report.csv", index=False)
-    cat.to_csv(root / "categories.csv", index=False)
-    pr.to_csv(root / "prompts.csv", index=False)
-    prof.to_csv(root / "profiles.csv", index=False)
-    pngs = [plots.speedup_vs_block(df, root / "speedup_vs_block.png"),
-            plots.tau_histograms(hists, root / "tau_histograms.png"),
-            plots.profile_bars(prof, root / "profile.png"),
-            plots.predicted_vs_measured(df, root / "predicted_vs_measured.png")]
+    df.to_csv(out / "report.csv", index=False)
+    cat.to_csv(out / "categories.csv", index=False)
+    pr.to_csv(out / "prompts.csv", index=False)
+    prof.to_csv(out / "profiles.csv", index=False)
+    pngs = [plots.speedup_vs_block(df, out / "speedup_vs_block.png"),
+            plots.tau_histograms(hists, out / "tau_histograms.png"),
+            plots.profile_bars(prof, out / "profile.png"),
+            plots.predicted_vs_measured(df, out / "predicted_vs_measured.png")]
     doc = [header(root, records),
            "## Results", "", arch_tables(df),
            "## Results by prompt category", "", CATEGORY_CAPTION, "", category_tables(cat),
@@ -186,9 +203,8 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
            "## Plots", "",
            *[f"![{p.stem}]({p.name})" for p in pngs], "",
            *unread_section(root, unread)]
-    md = root / "report.md"
-    md.write_text("\n".join(doc))
-    return md, df
+    (out / "report.md").write_text("\n".join(doc))
+    return df
 
 
 def _sampled_note(records) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -59,22 +60,47 @@ def arch_labels(records) -> dict[str, str]:
     return labels
 
 
-def _keys(rec: dict, labels: dict[str, str]) -> dict:
+def bench_labels(records) -> dict[str, str]:
+    """cell id -> the bench settings that tell it from other cells of its arch ('' where all
+    share them): merged runs of two suites, or two token budgets, must not make rows that look
+    identical."""
+    by_arch: dict[str, list[tuple[str, dict]]] = {}
+    for _, rec in records:
+        by_arch.setdefault(rec["cell"]["arch"]["name"], []).append((rec["cell_id"], rec["cell"].get("bench") or {}))
+    out = {}
+    for group in by_arch.values():
+        keys = sorted({k for _, b in group for k in b})
+        varying = [k for k in keys if len({json.dumps(b.get(k), sort_keys=True) for _, b in group}) > 1]
+        for cid, b in group:
+            out[cid] = ", ".join(f"{k}={b.get(k)}" for k in varying)
+    return out
+
+
+def cell_labels(records) -> dict[str, tuple[str, str]]:
+    """cell id -> (arch label, bench label): what `_keys` needs to name a cell in any frame."""
+    arch, bench = arch_labels(records), bench_labels(records)
+    return {cid: (arch[cid], bench[cid]) for cid in arch}
+
+
+def _keys(rec: dict, labels: dict[str, tuple[str, str]]) -> dict:
     # The columns that name a cell in every frame.
     cell = rec["cell"]
+    arch, bench = labels[rec["cell_id"]]
     method = cell["method"].get("label") or cell["method"]["name"]
     if cell.get("reference") not in (None, "base"):
         method += f" vs {cell['reference']}"  # paired against another method, not base
     if cell.get("dispatch"):  # set on the command line: cells that differ only in it must not look alike
         method += " [" + ", ".join(f"{k}={v}" for k, v in sorted(cell["dispatch"].items())) + "]"
-    return {"arch": labels[rec["cell_id"]], "method": method,
+    if bench:
+        method += f" ({bench})"
+    return {"arch": arch, "method": method,
             "block_size": cell["method"].get("block_size"), "kv": cell["kv"]["name"]}
 
 
 def cells(root: Path, records=None) -> pd.DataFrame:
     """One row per recorded cell."""
     records = records if records is not None else _records(root)
-    labels = arch_labels(records)
+    labels = cell_labels(records)
     rows = []
     for path, rec in records:
         env, summary = rec.get("env", {}), rec.get("summary", {})
@@ -105,7 +131,7 @@ def cells(root: Path, records=None) -> pd.DataFrame:
 def prompts(root: Path, records=None) -> pd.DataFrame:
     """One row per (cell, prompt, turn) of the cells that ran."""
     records = records if records is not None else _records(root)
-    labels = arch_labels(records)
+    labels = cell_labels(records)
     rows = []
     for _, rec in records:
         for item in rec.get("prompts", []):
@@ -118,7 +144,7 @@ def prompts(root: Path, records=None) -> pd.DataFrame:
 
 def profiles(records) -> pd.DataFrame:
     """Mean ms per round of each phase, one row per cell that was profiled."""
-    labels = arch_labels(records)
+    labels = cell_labels(records)
     rows = []
     for _, rec in records:
         if rec.get("status") != "ok":
@@ -131,7 +157,7 @@ def profiles(records) -> pd.DataFrame:
 
 def accept_hists(records) -> pd.DataFrame:
     """Accepted drafts per round, summed over a cell's prompts: one row per (cell, n_accepted)."""
-    labels = arch_labels(records)
+    labels = cell_labels(records)
     rows = []
     for _, rec in records:
         items = rec.get("prompts", [])
@@ -156,7 +182,7 @@ CATEGORY_COLUMNS = ["arch", "method", "block_size", "kv", "reference", "category
 def categories(records) -> pd.DataFrame:
     """One row per (cell that ran, prompt category), categories in the order the suite has
     them, after a row for the whole cell (category "all"): see `category_summary`."""
-    labels = arch_labels(records)
+    labels = cell_labels(records)
     rows = []
     for _, rec in records:
         items = rec.get("prompts", [])

@@ -103,6 +103,6 @@ def test_report_names_cells_that_set_dispatch_apart():
 
     rec = {"cell_id": "x", "cell": {"method": {"name": "dflash_a", "block_size": 8}, "kv": {"name": "native"},
                                    "reference": "dflash_zlab"}}
-    assert _keys(rec, {"x": "llama"})["method"] == "dflash_a vs dflash_zlab"
+    assert _keys(rec, {"x": ("llama", "")})["method"] == "dflash_a vs dflash_zlab"
     rec["cell"]["dispatch"] = {"stage_every": 4}
-    assert _keys(rec, {"x": "llama"})["method"] == "dflash_a vs dflash_zlab [stage_every=4]"
+    assert _keys(rec, {"x": ("llama", "")})["method"] == "dflash_a vs dflash_zlab [stage_every=4]"

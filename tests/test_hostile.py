@@ -315,3 +315,33 @@ def test_bad_input_leaves_no_output_folder_behind(tmp_path, bad):
     r = harness("arch=llama", *bad, "bench=smoke", f"out_dir={tmp_path / 'new' / 'run'}")
     assert r.returncode == 2, r.stderr
     assert not (tmp_path / "new").exists()
+
+
+def test_a_report_that_fails_midway_leaves_the_previous_one_whole_and_two_suites_make_two_rows(tmp_path,
+                                                                                                monkeypatch):
+    import json
+
+    from report import document, plots
+    from report.frames import cells
+
+    r = harness("arch=llama", "method=ngram", *QUICK, f"out_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    (rec_path,) = tmp_path.glob("*.json")
+    rec = json.loads(rec_path.read_text())
+    other = {**rec, "cell_id": "other", "cell": {**rec["cell"], "bench": {**rec["cell"]["bench"], "suite": "humaneval"}}}
+    (tmp_path / "other.json").write_text(json.dumps(other))  # merged results of another suite
+    methods = sorted(cells(tmp_path)["method"])
+    assert methods == ["ngram (suite=builtin)", "ngram (suite=humaneval)"], methods
+    document.write(tmp_path)
+    before = {f.name: f.read_bytes() for f in tmp_path.iterdir() if f.suffix in (".md", ".csv", ".png")}
+    (tmp_path / "other.json").unlink()  # the next report would differ...
+
+    def broken(*a, **k):
+        raise RuntimeError("plot failed")
+
+    monkeypatch.setattr(plots, "profile_bars", broken)  # ...but fails after its CSVs are made
+    with pytest.raises(RuntimeError, match="plot failed"):
+        document.write(tmp_path)
+    after = {f.name: f.read_bytes() for f in tmp_path.iterdir() if f.suffix in (".md", ".csv", ".png")}
+    assert after == before and len(before) == 9  # the previous report, whole
+    assert not list(tmp_path.glob(".report-*"))  # no staging left behind
