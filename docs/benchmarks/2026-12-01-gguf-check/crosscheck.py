@@ -131,15 +131,18 @@ def mlx_greedy(model, ids: list[int], n: int):
 
 
 def torch_greedy(model, ids: list[int], n: int):
+    """n greedy tokens stepped by hand, end-of-sequence tokens included: generate() with
+    min_new_tokens would forbid them, a divergence of the processor, not of the weights."""
     import torch
 
+    toks, margins = [], []
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             do_sample=False, max_new_tokens=n, min_new_tokens=n, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=model.config.eos_token_id,
-                             temperature=None, top_p=None, top_k=None)
-    toks = out.sequences[0, len(ids):].tolist()
-    margins = [_margin(step[0].float().numpy()) for step in out.logits]
+        out = model(torch.tensor([ids]), use_cache=True)
+        for _ in range(n):
+            row = out.logits[0, -1].float().numpy()
+            toks.append(int(row.argmax()))
+            margins.append(_margin(row))
+            out = model(torch.tensor([[toks[-1]]]), past_key_values=out.past_key_values, use_cache=True)
     return toks, margins
 
 
