@@ -68,7 +68,7 @@ def stamped_events(steps, t0: float, arm: Engine):
         check_step(arm, t, last if last is not None else t0, emitted, drafted, accepted, first=last is None)
         if last is None:
             yield Prefill(emitted[0], t - t0, scores=scores)
-            if drafted:
+            if len(emitted) > 1:  # the round that came with it (drafted 0: a plain step's one token)
                 yield Round(drafted, accepted, list(emitted[1:]), 0.0, None)
         else:
             yield Round(drafted, accepted, list(emitted), t - last, None, scores=scores)

@@ -220,6 +220,11 @@ class SubprocessArm(External):
                                "(the engine reported none)") + "; no logits, so divergence margins are unavailable"}
 
 
+def _count(x) -> bool:
+    """Whether a server-reported count is one: a non-negative integer, not a bool."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
 def _listening(url: str) -> bool:
     """Whether a process already accepts connections at url's host and port."""
     import socket
@@ -355,31 +360,57 @@ class ServerArm(External):
 
     def _chunks(self, body: dict, prompt_len: int, max_new_tokens: int):
         # (arrival time, new ids, drafted, accepted, None) per stream chunk that completes a token
-        text, n = "", 0
+        text, arrivals, n = "", [], 0  # arrivals: (time, length of the text received by then)
         self.until, self.tokens_done = time.monotonic() + self.timeout_s, False
         for t, chunk in self._stream(body):
-            self._note(chunk, prompt_len)
-            piece = "".join(c.get("text") or "" for c in chunk.get("choices") or [])
+            piece = self._piece(chunk, prompt_len)
             if not piece or n >= max_new_tokens:
                 continue
             text += piece
-            ids = self.tokenizer.encode(text, add_special_tokens=False)[:max_new_tokens]
-            new, n = ids[n:], len(ids)
+            arrivals.append((t, len(text)))
+            n = len(self.tokenizer.encode(text, add_special_tokens=False))
             if n >= max_new_tokens:  # the rest of the stream only carries totals (usage, llama.cpp's timings)
                 self.tokens_done, self.until = True, min(self.until, time.monotonic() + TAIL_S)
-            if new:
-                yield t, new, len(new) - 1, len(new) - 1, None
-        if n == 0:
+        if not text:
             raise OutsideError(f"server at {self.url} streamed no text for a prompt of {prompt_len} tokens")
+        yield from self._aligned(text, arrivals, max_new_tokens)
 
-    def _note(self, chunk: dict, ours: int) -> None:
-        usage = chunk.get("usage") or {}
-        if "prompt_tokens" in usage:
-            self.prompt_tokens_seen.append((usage["prompt_tokens"], ours))
-        timings = chunk.get("timings") or {}  # llama.cpp: drafted and accepted tokens of speculative decoding
-        for key in ("draft_n", "draft_n_accepted"):
-            if key in timings:
-                self.reported[key] = self.reported.get(key, 0) + timings[key]
+    def _aligned(self, text: str, arrivals: list[tuple[float, int]], max_new_tokens: int):
+        """The whole text's ids, each stamped with the arrival of the chunk that completed it.
+        Re-encoding chunk by chunk would emit ids that a later chunk re-merges (BPE joins a
+        token's text with the next), so the record would hold ids of no text at all."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)[:max_new_tokens]
+        k, last = 0, None
+        for i in range(len(ids)):
+            end = len(self.tokenizer.decode(ids[:i + 1]))  # where token i ends in the text
+            while k < len(arrivals) - 1 and arrivals[k][1] < end:
+                k += 1
+            t = arrivals[k][0]
+            if last is not None and t == last[0]:
+                last[1].append(ids[i])
+                continue
+            if last is not None:
+                yield last[0], last[1], len(last[1]) - 1, len(last[1]) - 1, None
+            last = (t, [ids[i]])
+        if last is not None:
+            yield last[0], last[1], len(last[1]) - 1, len(last[1]) - 1, None
+
+    def _piece(self, chunk: dict, prompt_len: int) -> str:
+        """The text a stream chunk adds; its usage and timings noted. OutsideError for a chunk of
+        the wrong shape (choices not a list of objects, text not a string, counts not numbers)."""
+        choices, usage, timings = chunk.get("choices") or [], chunk.get("usage") or {}, chunk.get("timings") or {}
+        texts = [c.get("text") if isinstance(c, dict) else c for c in choices] if isinstance(choices, list) else None
+        counts = [usage.get("prompt_tokens")] if isinstance(usage, dict) else None
+        drafts = [timings.get(k) for k in ("draft_n", "draft_n_accepted")] if isinstance(timings, dict) else None
+        if texts is None or not all(x is None or isinstance(x, str) for x in texts) \
+                or counts is None or not all(x is None or _count(x) for x in counts + (drafts or [])) or drafts is None:
+            raise OutsideError(f"server at {self.url} sent a stream chunk of the wrong shape: {json.dumps(chunk)[:300]}")
+        if counts[0] is not None:
+            self.prompt_tokens_seen.append((counts[0], prompt_len))
+        for key, value in zip(("draft_n", "draft_n_accepted"), drafts):  # llama.cpp: its speculative totals
+            if value is not None:
+                self.reported[key] = self.reported.get(key, 0) + value
+        return "".join(x for x in texts if x)
 
     def close(self) -> None:
         if self.child:
