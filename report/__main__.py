@@ -6,24 +6,32 @@ and turn), profiles.csv and four PNG plots into the directory, and prints the
 per-architecture tables.
 
 Every *.json under the directory that is not a readable record is named on stderr and in
-report.md; `--strict` makes that exit 1 (after writing the report), for CI.
+report.md; `--strict` makes that exit 1 (after writing the report), for CI. Exit codes: 0
+written, 1 --strict found unreadable files, 2 bad input (one line), 3 the report failed (its
+traceback, then one line; the previous report files stay whole).
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
 
 from harness.records import scan_records
 from report.document import write
 from report.tables import arch_tables
 
+USAGE = "usage: python -m report [--strict] <results dir>"
+
 
 def main(argv: list[str]) -> int:
     strict = "--strict" in argv
     args = [a for a in argv if a != "--strict"]
-    if len(args) != 1 or args[0] in ("-h", "--help"):
-        print("usage: python -m report [--strict] <results dir>", file=sys.stderr)
+    if args and args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if len(args) != 1:
+        print(USAGE, file=sys.stderr)
         return 2
     root = Path(args[0])
     if not root.is_dir():
@@ -43,6 +51,11 @@ def main(argv: list[str]) -> int:
         print(f"error: cannot write the report into {root} ({e.strerror or e}): pass a directory you can write to",
               file=sys.stderr)
         return 2
+    except Exception:  # noqa: BLE001 -- the traceback for whoever debugs it, then the one line
+        traceback.print_exc()
+        print(f"error: the report over {root} failed (traceback above); its previous report files are left whole",
+              file=sys.stderr)
+        return 3
     print(arch_tables(df))
     print(f"{len(df)} cells -> {md} (+ report.csv, categories.csv, prompts.csv, profiles.csv, *.png in {root})",
           file=sys.stderr)

@@ -345,3 +345,33 @@ def test_a_report_that_fails_midway_leaves_the_previous_one_whole_and_two_suites
     after = {f.name: f.read_bytes() for f in tmp_path.iterdir() if f.suffix in (".md", ".csv", ".png")}
     assert after == before and len(before) == 9  # the previous report, whole
     assert not list(tmp_path.glob(".report-*"))  # no staging left behind
+
+
+def test_train_and_report_keep_the_benchmarks_exit_codes(tmp_path, monkeypatch, capsys):
+    from report import __main__ as report_main
+    from train.__main__ import guarded
+
+    def crash(cfg):
+        raise RuntimeError("nan in the loss")
+
+    def refuse(cfg):
+        raise ConfigError("train.steps=-1 must be > 0")
+
+    def interrupt(cfg):
+        raise KeyboardInterrupt
+
+    assert guarded(lambda cfg: 0, None) == 0
+    assert guarded(refuse, None) == 2 and capsys.readouterr().err == "error: train.steps=-1 must be > 0\n"
+    assert guarded(interrupt, None) == 130 and capsys.readouterr().err.startswith("error: interrupted")
+    assert guarded(crash, None) == 3
+    err = capsys.readouterr().err
+    assert "RuntimeError: nan in the loss" in err and err.strip().splitlines()[-1].startswith("error: training failed")
+    assert report_main.main(["--help"]) == 0 and "usage:" in capsys.readouterr().out
+    assert report_main.main([]) == 2
+    assert report_main.main([str(tmp_path / "none")]) == 2
+    (tmp_path / "r.json").write_text(json.dumps({"schema": 1}))
+    assert report_main.main([str(tmp_path)]) == 2  # no readable record
+    monkeypatch.setattr(report_main, "scan_records", lambda root: ([object()], []))
+    monkeypatch.setattr(report_main, "write", crash)
+    assert report_main.main([str(tmp_path)]) == 3
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: the report over")

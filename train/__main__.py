@@ -23,6 +23,7 @@ import os  # noqa: E402
 import random  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
@@ -153,15 +154,29 @@ def _final(history: list) -> dict:
 
 @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="training")
 def _hydra_main(cfg: DictConfig) -> None:
+    sys.exit(guarded(train, OmegaConf.to_object(cfg)))
+
+
+def guarded(run, cfg) -> int:
+    """run(cfg)'s exit code, with the benchmark's codes for what goes wrong: 2 bad input (one
+    line), 3 a failure while training (its traceback, then one line), 130 interrupted."""
     from engines.base import DrafterError, Unsupported
     from harness.models import TargetError
 
     try:
-        code = train(OmegaConf.to_object(cfg))
+        return run(cfg)
     except (ConfigError, DrafterError, TargetError, Unsupported) as e:
         print(f"error: {e}", file=sys.stderr)
-        code = 2
-    sys.exit(code)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted; what was written is kept (data rounds, checkpoints): rerun the same command to "
+              "resume", file=sys.stderr)
+        return 130
+    except Exception:  # noqa: BLE001 -- the traceback for whoever debugs it, then the one line
+        traceback.print_exc()
+        print("error: training failed (traceback above); checkpoints already under out/ckpt are kept: rerun the "
+              "same command to resume", file=sys.stderr)
+        return 3
 
 
 def main() -> None:
