@@ -84,9 +84,11 @@ class Engine:
       Returns any array it computed outside its caches (the loop evaluates it), or None.
     - draft(history) -> Draft of the method's full K tokens, every round: the loop
       cuts the emitted tokens at the generation's budget, so the last rounds keep
-      the shapes of all others (new shapes recompile kernels on GPU backends). The
-      target cache is unchanged; drafter state may advance, as long as rollback()
-      can put it back.
+      the shapes of all others (new shapes recompile kernels on GPU backends). An
+      engine whose drafts cost one step each declares `caps_drafts` and drafts at
+      most self.max_drafts (>= 1), which the loop sets before each draft to what the
+      budget can still use, as mlx-lm's speculative loop does. The target cache is
+      unchanged; drafter state may advance, as long as rollback() can put it back.
     - verify(pending, draft) -> logits [K+1, V] for [pending] + draft.tokens, fed
       in one target forward; the target cache now covers them all. pending is a
       [1] int32 array (possibly not yet computed: base decoding pipelines on it).
@@ -102,11 +104,13 @@ class Engine:
     incremental_verify: ClassVar[bool] = True  # False: verify is not the target's incremental one (re-prefill)
     verifies_full_block: ClassVar[bool] = False  # True: every round verifies K+1 tokens whatever it drafted
     scores: ClassVar[bool] = False  # True: an external arm that yields its own log-probabilities per token
+    caps_drafts: ClassVar[bool] = False  # True: draft() stops at self.max_drafts, set by the loop each round
 
     def __init__(self, target: Target, cfg):
         self.target, self.cfg = target, cfg
         self.prof = NullProfiler()
         self.sampler = None  # set by the loop before prefill (temperature, seeded streams)
+        self.max_drafts: int | None = None  # set by the loop before each draft where caps_drafts
 
     def prefill(self, prompt: list[int]) -> mx.array:
         return self.target.prefill(prompt)

@@ -56,6 +56,7 @@ def load_draft_model(path: Path, target: Target):
 class DraftModel(Engine):
     knobs = ("block_size", "drafter", "verify")
     drafter_kind = "draft_model"
+    caps_drafts = True  # each draft is a step of the draft model: none past what the budget can emit
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
@@ -93,7 +94,7 @@ class DraftModel(Engine):
         logits = self.dm.forward_chunked(history[self.cached:])[-1:]  # [1, V]: new tokens, ending at pending
         self.base, self.marks = len(history), [self.dm.mark()]
         tokens, qs = [], []
-        for i in range(self.k):
+        for i in range(min(self.k, self.max_drafts or self.k)):
             if i:
                 logits = self.dm.forward(tokens[-1])  # [1] id on the device -> [1, V]
                 self.marks.append(self.dm.mark())
@@ -105,7 +106,7 @@ class DraftModel(Engine):
 
     def rollback(self, n_accepted, draft):
         self.target.commit(n_accepted + 1)
-        keep = min(n_accepted, self.k - 1)  # the last draft was never fed to the draft model
+        keep = min(n_accepted, len(self.marks) - 1)  # the last draft was never fed to the draft model
         self.dm.rewind(self.marks[keep])
         self.cached = self.base + keep
 

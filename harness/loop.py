@@ -145,7 +145,9 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
     # longest agreeing prefix plus the target's bonus token, read the outcome, roll back.
     if prof:
         prof.start()
-    draft = engine.draft(history)  # the full K even near the end: the budget cuts what is emitted
+    if engine.caps_drafts:  # drafts past the budget less the bonus token can never be emitted
+        engine.max_drafts = max(budget - 1, 1)
+    draft = engine.draft(history)  # else the full K even near the end: the budget cuts what is emitted
     reach = draft.k if draft.parents is None else max(tree_depths(draft.parents), default=0)
     if prof:
         prof.mark("draft", draft.tokens, draft.q)

@@ -51,6 +51,16 @@ def test_a_draft_model_equal_to_the_target_has_every_draft_accepted(models):
     assert all(r.accepted == r.drafted for r in got.rounds[:-1]) and got.rounds[0].drafted == 3
 
 
+
+def test_the_last_round_drafts_no_more_than_the_budget_can_emit(models):
+    model, tok = models["llama"]
+    ids = next(_units(tok))[1]
+    want = generate_ids(base_engine(model), ids, 9).tokens
+    got = generate_ids(DraftModel(Target(model), cfg(fixture_dir("llama"), block_size=6)), ids, 9)
+    assert got.tokens == want
+    # 1 token from the prefill, 6 from round 1 (5 drafts, all accepted, and the bonus), 2 left: one draft
+    assert [r.drafted for r in got.rounds] == [5, 1] and [r.accepted for r in got.rounds] == [5, 1]
+
 def _tiny_llama(seed, scale):
     spec = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64,
             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 8,
