@@ -245,10 +245,12 @@ def test_native_mode_keeps_mlx_quantization_bit_exact(written):
 
 
 def test_kquant_tensors_equal_gguf_s_own_dequantizer(tmp_path):
-    """Q4_K / Q6_K are dequantized by the gguf package; what the model holds must be that
-    dequantizer's output, in the right place and row order (llama: un-permuted)."""
+    """Q4_K / Q6_K / Q5_0 (the real Qwen and Gemma files' types, which mx.load refuses) are
+    dequantized by the gguf package; what the model holds must be that dequantizer's output,
+    in the right place and row order (llama: un-permuted)."""
     config, params = _random_model("llama")
-    qtype = lambda n, v: Q.Q6_K if "embed" in n else (Q.Q4_K if "proj" in n else Q.F32)  # noqa: E731
+    qtype = lambda n, v: (Q.Q6_K if "embed" in n else Q.Q5_0 if "mlp" in n  # noqa: E731
+                          else Q.Q4_K if "proj" in n else Q.F32)
     held = write_gguf(tmp_path / "k.gguf", "llama", config, params, qtype)
     d = gguf_import.convert(tmp_path / "k.gguf", "float32")
     model, tok = _load(d)
@@ -256,6 +258,7 @@ def test_kquant_tensors_equal_gguf_s_own_dequantizer(tmp_path):
     assert all(np.array_equal(got[k], held[k]) for k in held)
     types = json.loads((d / "conversion.json").read_text())["tensor_types"]
     assert types["Q4_K"]["read_by"] == ["gguf.dequantize"] and types["Q6_K"]["tensors"] == 1
+    assert types["Q5_0"]["read_by"] == ["gguf.dequantize"] and types["Q5_0"]["tensors"] == 3 * config["num_hidden_layers"]
     ref, _ = _load(_reference_dir(tmp_path / "ref", config, held))
     prompt = tok.encode("one two three, one two three, one two")
     assert generate_ids(Ngram(Target(model), method_cfg(block_size=3)), prompt, 16).tokens == \

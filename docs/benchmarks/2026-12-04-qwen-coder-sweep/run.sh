@@ -4,7 +4,7 @@
 # GSM8K, HumanEval: 4 prompts, 6 turns), 16 new tokens, 2 paired reps.
 #   1. draft_model against base at draft lengths 2-6 (block 3-7), with the verify calibration;
 #   2. draft lengths 2, 4 and 6 paired against mlx-lm's speculative loop on the same pair and length
-#      (three of the five: each cell here takes 5-6 minutes);
+#      (three of the five: each cell here takes 5-6 minutes), and mlx-lm's loop against base at 6;
 #   3. n-gram against base;
 #   4. llama.cpp's server (llama-server built from llama-cpp-python 0.3.36's vendored llama.cpp,
 #      LLAMA_SERVER=<binary>) on the two GGUF files, plain and with the 0.5B as its draft model
@@ -17,6 +17,7 @@ bench=(bench=code_math bench.per_category=1 bench.max_new_tokens=16 bench.reps=2
 pair=(arch=qwen_coder method.drafter=qwen2.5-coder-0.5b "${bench[@]}" "out_dir=$O")
 python -m harness -m "${pair[@]}" method=draft_model method.block_size=3,4,5,6,7
 python -m harness -m "${pair[@]}" method=draft_model reference=mlx_lm_spec method.block_size=3,5,7
+python -m harness "${pair[@]}" method=mlx_lm_spec method.block_size=7
 python -m harness arch=qwen_coder "${bench[@]}" "out_dir=$O" method=ngram method.block_size=4
 if [ -n "${LLAMA_SERVER:-}" ]; then
   T=$(python -c "from harness.models import named_model_file; print(named_model_file('qwen2.5-coder-1.5b'))")
