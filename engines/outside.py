@@ -29,6 +29,8 @@ import subprocess
 import threading
 import time
 from collections import deque
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 
 from engines.base import Unsupported, register
@@ -376,41 +378,40 @@ class ServerArm(External):
         yield from self._aligned(text, arrivals, max_new_tokens)
 
     def _aligned(self, text: str, arrivals: list[tuple[float, int]], max_new_tokens: int):
-        """The whole text's ids, each stamped with the arrival of the chunk that completed it.
-        Re-encoding chunk by chunk would emit ids that a later chunk re-merges (BPE joins a
-        token's text with the next), so the record would hold ids of no text at all."""
+        """The whole text's ids, each stamped with the arrival of the chunk that completed it,
+        grouped by chunk. Re-encoding chunk by chunk would emit ids that a later chunk re-merges
+        (BPE joins a token's text with the next), so the record would hold ids of no text at all."""
         ids = self.tokenizer.encode(text, add_special_tokens=False)[:max_new_tokens]
-        k, last = 0, None
+        stamps, k = [], 0
         for i in range(len(ids)):
             end = len(self.tokenizer.decode(ids[:i + 1]))  # where token i ends in the text
             while k < len(arrivals) - 1 and arrivals[k][1] < end:
                 k += 1
-            t = arrivals[k][0]
-            if last is not None and t == last[0]:
-                last[1].append(ids[i])
-                continue
-            if last is not None:
-                yield last[0], last[1], len(last[1]) - 1, len(last[1]) - 1, None
-            last = (t, [ids[i]])
-        if last is not None:
-            yield last[0], last[1], len(last[1]) - 1, len(last[1]) - 1, None
+            stamps.append(arrivals[k][0])
+        for t, group in groupby(zip(stamps, ids), key=itemgetter(0)):
+            new = [i for _, i in group]
+            yield t, new, len(new) - 1, len(new) - 1, None
 
     def _piece(self, chunk: dict, prompt_len: int) -> str:
         """The text a stream chunk adds; its usage and timings noted. OutsideError for a chunk of
         the wrong shape (choices not a list of objects, text not a string, counts not numbers)."""
         choices, usage, timings = chunk.get("choices") or [], chunk.get("usage") or {}, chunk.get("timings") or {}
-        texts = [c.get("text") if isinstance(c, dict) else c for c in choices] if isinstance(choices, list) else None
-        counts = [usage.get("prompt_tokens")] if isinstance(usage, dict) else None
-        drafts = [timings.get(k) for k in ("draft_n", "draft_n_accepted")] if isinstance(timings, dict) else None
-        if texts is None or not all(x is None or isinstance(x, str) for x in texts) \
-                or counts is None or not all(x is None or _count(x) for x in counts + (drafts or [])) or drafts is None:
-            raise OutsideError(f"server at {self.url} sent a stream chunk of the wrong shape: {json.dumps(chunk)[:300]}")
+        if not (isinstance(choices, list) and isinstance(usage, dict) and isinstance(timings, dict)):
+            raise self._wrong_shape(chunk)
+        texts = [c.get("text") if isinstance(c, dict) else c for c in choices]
+        drafts = {k: timings.get(k) for k in ("draft_n", "draft_n_accepted")}  # llama.cpp: its speculative totals
+        counts = [usage.get("prompt_tokens"), *drafts.values()]
+        if not all(x is None or isinstance(x, str) for x in texts) or not all(x is None or _count(x) for x in counts):
+            raise self._wrong_shape(chunk)
         if counts[0] is not None:
             self.prompt_tokens_seen.append((counts[0], prompt_len))
-        for key, value in zip(("draft_n", "draft_n_accepted"), drafts):  # llama.cpp: its speculative totals
+        for key, value in drafts.items():
             if value is not None:
                 self.reported[key] = self.reported.get(key, 0) + value
         return "".join(x for x in texts if x)
+
+    def _wrong_shape(self, chunk: dict) -> OutsideError:
+        return OutsideError(f"server at {self.url} sent a stream chunk of the wrong shape: {json.dumps(chunk)[:300]}")
 
     def close(self) -> None:
         if self.child:
