@@ -20,7 +20,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from harness.config import (GROUPS, MADE_BY_RUN, NESTED, OPTION_GROUPS, Config, ConfigError, check_out_dir, conf_dir,
                             group_options, register_configs)
-from harness.flags import ONLY_ONE, check_sweep_mode, first_job, first_line, override_args, parse_overrides  # noqa: E402
+from harness.flags import ONLY_ONE, compose_first_job, parse_overrides  # noqa: E402
 
 
 def check_overrides(overrides: list) -> None:
@@ -59,20 +59,10 @@ def _search_dirs(overrides) -> list:
     return []
 
 
-def preflight(overrides: list, args: list[str]) -> None:
+def preflight(args: list[str]) -> None:
     """Compose the config as the first job would (a sweep's first value per axis) and check
     out_dir can be written: ConfigError with Hydra's first line and the key it names."""
-    from hydra import compose, initialize_config_dir
-
-    first = first_job(overrides)
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            cfg = compose(config_name="config", overrides=first, return_hydra_config=True)
-    except Exception as e:  # noqa: BLE001 -- composition errors (types, missing options): one line each
-        cause = e.__cause__ or e
-        key = getattr(cause, "full_key", None)
-        raise ConfigError(f"{key + ': ' if key else ''}{first_line(cause)}") from None
-    check_sweep_mode(overrides, args, cfg.hydra)
+    cfg = compose_first_job("config", args)
     dirs = {"out_dir": str(cfg.out_dir)}
     for key in ("run", "sweep"):  # Hydra makes these before any job (both default to out_dir)
         try:
@@ -139,7 +129,7 @@ def main() -> None:
         overrides = parse_overrides(sys.argv[1:])
         check_overrides(overrides)
         register_configs()
-        preflight(overrides, sys.argv[1:])
+        preflight(sys.argv[1:])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -60,3 +60,23 @@ def first_job(overrides: list) -> list[str]:
 
 def first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def compose_first_job(config_name: str, args: list[str]):
+    """The app's config as the first job of its command line gets it (Hydra config included),
+    composed before Hydra runs: ConfigError with Hydra's first line and the key it names for a
+    bad override or value, or for a sweep value without -m."""
+    from hydra import compose, initialize_config_dir
+
+    from harness.config import conf_dir
+
+    overrides = parse_overrides(args)
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = compose(config_name=config_name, overrides=first_job(overrides), return_hydra_config=True)
+    except Exception as e:  # noqa: BLE001 -- composition errors (types, missing options): one line each
+        cause = e.__cause__ or e
+        key = getattr(cause, "full_key", None)
+        raise ConfigError(f"{key + ': ' if key else ''}{first_line(cause)}") from None
+    check_sweep_mode(overrides, args, cfg.hydra)
+    return cfg

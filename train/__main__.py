@@ -30,7 +30,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from harness.config import ConfigError, check_out_dir, conf_dir  # noqa: E402
-from harness.flags import ONLY_ONE, check_sweep_mode, first_job, first_line, parse_overrides  # noqa: E402
+from harness.flags import ONLY_ONE, compose_first_job  # noqa: E402
 from train.config import register, validate  # noqa: E402
 
 
@@ -180,21 +180,11 @@ def guarded(run, cfg) -> int:
 
 
 def main() -> None:
-    from hydra import compose, initialize_config_dir
-
     register()
     try:  # compose once up front (a sweep's first job): a typo or a wrong type is one line and exit 2
-        overrides = parse_overrides(sys.argv[1:])
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            composed = compose(config_name="training", overrides=first_job(overrides), return_hydra_config=True)
-        check_sweep_mode(overrides, sys.argv[1:], composed.hydra)
+        composed = compose_first_job("training", sys.argv[1:])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except Exception as e:  # noqa: BLE001 -- Hydra's composition errors: keep the first line
-        cause = e.__cause__ or e
-        key = getattr(cause, "full_key", None)
-        print(f"error: {key + ': ' if key else ''}{first_line(cause)}", file=sys.stderr)
         sys.exit(2)
     try:  # Hydra makes `out` its run folder before the job: a file there would be its traceback
         check_out_dir(str(composed.out), "out", "out=drafters/mine")
