@@ -271,12 +271,13 @@ def test_the_report_reads_merged_results_one_row_per_cell_and_names_what_it_left
     assert _report("--strict", tmp_path).returncode == 1
 
 
-def test_ctrl_c_is_one_line_and_exit_130_with_nothing_half_written(tmp_path):
+def interrupt_mid_cell(out_dir) -> tuple[int, str]:
+    """(exit code, stderr) of a cell sent SIGINT after its first timed turn."""
     import signal
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     p = subprocess.Popen([sys.executable, "-m", "harness", "arch=llama", "method=ngram", "bench=smoke",
-                          "bench.max_new_tokens=400", f"out_dir={tmp_path}"], cwd=REPO, env=env,
+                          "bench.max_new_tokens=400", f"out_dir={out_dir}"], cwd=REPO, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background job ignores it
     seen = []
@@ -286,8 +287,12 @@ def test_ctrl_c_is_one_line_and_exit_130_with_nothing_half_written(tmp_path):
             break
     p.send_signal(signal.SIGINT)
     _, rest = p.communicate(timeout=120)
-    err = "".join(seen) + rest
-    assert p.returncode == 130, err
+    return p.returncode, "".join(seen) + rest
+
+
+def test_ctrl_c_is_one_line_and_exit_130_with_nothing_half_written(tmp_path):
+    code, err = interrupt_mid_cell(tmp_path)
+    assert code == 130, err
     assert "Traceback" not in err and _errors(err)[-1].startswith("error: interrupted")
     assert not list(tmp_path.glob("*.json"))
 

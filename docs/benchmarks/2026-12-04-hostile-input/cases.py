@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
 from tests.test_draft_model import _renumbered_tokenizer  # noqa: E402
+from tests.test_hostile import interrupt_mid_cell  # noqa: E402
 from tests.test_outside import ENGINES, FAKE_SERVER, _free_port  # noqa: E402
 from tests.test_train import SMALL  # noqa: E402
 
@@ -187,21 +187,10 @@ def case_miscounts(tmp: Path):
 
 
 def case_ctrl_c(tmp: Path):
-    p = subprocess.Popen([sys.executable, "-m", "harness", "arch=llama", "method=ngram", "bench=smoke",
-                          "bench.max_new_tokens=400", f"out_dir={tmp / 'ctrlc'}"], cwd=REPO, env=ENV,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    t0, seen = time.perf_counter(), []
-    for line in p.stderr:
-        seen.append(line)
-        if "turn 1/" in line:
-            break
-    p.send_signal(signal.SIGINT)
-    _, rest = p.communicate(timeout=120)
-    err = "".join(seen) + rest
+    t0 = time.perf_counter()
+    code, err = interrupt_mid_cell(tmp / "ctrlc")
     half = list((tmp / "ctrlc").glob("*.json"))
-    return p.returncode, said(err) + ("; no record" if not half else "; A RECORD WAS WRITTEN"), \
-        time.perf_counter() - t0
+    return code, said(err) + ("; no record" if not half else "; A RECORD WAS WRITTEN"), time.perf_counter() - t0
 
 
 def case_gate_few_reps(tmp: Path):
