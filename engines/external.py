@@ -69,7 +69,7 @@ def stamped_events(steps, t0: float, arm: Engine):
         if last is None:
             yield Prefill(emitted[0], t - t0, scores=scores)
             if len(emitted) > 1:  # the round that came with it (drafted 0: a plain step's one token)
-                yield Round(drafted, accepted, list(emitted[1:]), 0.0, None)
+                yield Round(drafted, accepted, list(emitted[1:]), 0.0, None, with_first=True)
         else:
             yield Round(drafted, accepted, list(emitted), t - last, None, scores=scores)
         last = t

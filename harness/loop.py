@@ -69,6 +69,8 @@ class Round:
     phases: dict[str, float] | None  # per-phase seconds when profiling, else None
     tree_size: int = 0  # nodes in the draft tree (0 for chains)
     scores: mx.array | None = None  # [V] log-probabilities of a one-token round, where an external arm gives them
+    with_first: bool = False  # arrived with the first token (an outside loop's first round): its time is in
+    #                           the time to first token, so its tokens are not decode tokens
 
 
 def generate(engine: Engine, prompt: list[int], max_new_tokens: int, sampler: Sampler,

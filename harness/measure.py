@@ -61,7 +61,9 @@ class Generation:
 
     @property
     def decode_tokens(self) -> int:
-        return len(self.tokens) - 1  # the first token comes from the prefill
+        # Tokens made in decode_s: not the first (the prefill's), nor any that arrived with it (an
+        # outside loop's first round, whose time is in prefill_s): else that arm's rate gains them free.
+        return len(self.tokens) - 1 - sum(len(r.emitted) for r in self.rounds if r.with_first)
 
     @property
     def decode_tps(self) -> float:
@@ -85,7 +87,7 @@ class Generation:
                 accepted[i] += i < r.accepted
         n = len(self.rounds)
         trees = [r.tree_size for r in self.rounds if r.tree_size]
-        return {"rounds": n, "tau": self.decode_tokens / n if n else None,
+        return {"rounds": n, "tau": sum(len(r.emitted) for r in self.rounds) / n if n else None,
                 "tree_size_mean": sum(trees) / len(trees) if trees else None,
                 "drafted": sum(r.drafted for r in self.rounds), "accepted": sum(r.accepted for r in self.rounds),
                 "accept_hist": hist, "proposed_at": proposed, "accepted_at": accepted}
@@ -513,7 +515,8 @@ def _timings(gens: list[Generation]) -> dict:
             "n_tokens_reps": [len(x.tokens) for x in gens], "e2e_tps": [x.e2e_tps for x in gens],
             "outlier_reps": [r for r, t in enumerate(tps) if t < median / OUTLIER_FACTOR],
             # the typical round, untouched by rare slow ones (a recompile, a stall): per-round cost side by side
-            "round_ms_median": 1e3 * statistics.median([r.seconds for x in gens for r in x.rounds] or [float("nan")]),
+            "round_ms_median": 1e3 * statistics.median([r.seconds for x in gens for r in x.rounds if not r.with_first]
+                                                 or [float("nan")]),
             "peak_memory_bytes": max(x.peak_bytes for x in gens), "cache_bytes": gens[0].cache_bytes}
 
 

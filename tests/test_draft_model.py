@@ -5,6 +5,7 @@ tokens, and one-line refusals for draft models it cannot run exactly."""
 
 import importlib
 import json
+import time
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -181,3 +182,32 @@ def test_the_cli_refuses_a_renumbered_draft_model_in_one_line_for_both_arms(tmp_
         (line,) = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]
         assert "tokenizer is not the target's" in line
         assert not list((tmp_path / "out").glob("*.json"))
+
+
+def test_tokens_that_arrive_with_the_first_are_not_decode_tokens():
+    # An outside loop's first step is a whole round (mlx-lm's speculative loop): its time is in
+    # the time to first token, so counting its tokens as decoded would raise that arm's tok/s.
+    from engines.external import External, stamped_events
+    from harness.measure import run_generation
+    from engines.sampling import Sampler
+
+    class Burst(External):
+        name = "burst"
+
+        def __init__(self):
+            self.target = SimpleNamespace(vocab_size=100)
+
+        def generate(self, prompt, max_new_tokens, sampler, stop_tokens):
+            t0 = time.perf_counter()  # (arrival, emitted, drafted, accepted, scores) per step
+            steps = [(t0 + 1.0, [1, 2, 3, 4], 4, 3, None), (t0 + 1.5, [5, 6], 4, 1, None),
+                     (t0 + 2.0, [7, 8, 9], 4, 2, None)]
+            return stamped_events(steps, t0, self)
+
+        def state(self):
+            return []
+
+    gen = run_generation(Burst(), [0], 9, Sampler(0.0))
+    assert gen.tokens == list(range(1, 10))
+    assert gen.decode_tokens == 5  # not the 3 that came with the first token
+    assert gen.acceptance()["tau"] == 8 / 3  # acceptance still counts every round
+    assert gen.rounds[0].with_first and not any(r.with_first for r in gen.rounds[1:])
