@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import mlx.core as mx
 import pytest
 
 from harness.config import ConfigError
@@ -85,10 +86,32 @@ def test_batched_answers_equal_one_by_one_greedy_answers_in_float32(arch):
              "Explain quicksort to a child who likes cards.", "Why is the sky blue?", "List three prime numbers."]
     ids = sorted((_encode_prompt(tok, t) for t in texts), key=len)  # lengths differ: the batch pads
     assert len({len(i) for i in ids}) > 3
-    cfg = SimpleNamespace(max_new_tokens=24, temperature=0.0, top_p=1.0)
+    cfg = SimpleNamespace(max_new_tokens=24, temperature=0.0, top_p=1.0, batch=len(ids))
     batched = answer_batch(model, tok, ids, cfg, seed=0)
     alone = [answer_batch(model, tok, [p], cfg, seed=0)[0] for p in ids]
     assert batched == alone and all(len(a) == 24 for a in batched)
+
+
+def test_rows_that_end_give_their_place_to_the_next_prompts_and_answers_stay_one_by_one(monkeypatch):
+    # 6 prompts through 3 rows, answers ending at different steps: rows leave the batch and new
+    # prompts are prefilled beside rows in mid-answer; each answer equals its greedy answer alone.
+    from harness.models import load_target, resolve_model
+    from train import batch_decode
+
+    monkeypatch.setattr(batch_decode, "CHECK_EVERY", 3)
+    model, tok = load_target(resolve_model("fixture:llama", "float32"), "float32")
+    ids = [tok.encode(t) for t in ["Hello there", "a much longer prompt than the first one, with words", "x y",
+                                   "Why is the sky blue?", "one two three four five six seven", "List"]]
+    greedy = lambda logits: mx.argmax(logits, axis=-1)  # noqa: E731
+    free = [batch_decode.decode(model, [p], 20, set(), greedy) for p in ids]
+    eos = {free[0][0][4], free[3][0][10]}  # rows 0 and 3 end early, the others run to the budget or stop elsewhere
+    alone = [batch_decode.decode(model, [p], 20, eos, greedy)[0] for p in ids]
+    assert len({len(a) for a in alone}) > 1, "the answers must end at different steps for rows to be replaced"
+    calls = []
+    real = batch_decode._admit
+    monkeypatch.setattr(batch_decode, "_admit", lambda m, ps, *a: calls.append(len(ps)) or real(m, ps, *a))
+    assert batch_decode.decode(model, ids, 20, eos, greedy, width=3) == alone
+    assert calls[0] == 3 and len(calls) > 2  # new prompts joined a batch with rows still answering
 
 
 def test_a_packed_cache_unpacks_to_the_same_shards(tmp_path):

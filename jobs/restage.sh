@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Re-cut the MLX-CUDA carry folders that ../shared/gpu/stage.sh made into parts that fit beside
+# this repo's tracked tree (a call carries 64 MiB in all; the tree is ~49 MB, stage.sh's thirds
+# are ~25 MB). From the repo root, after stage.sh:
+#   bash jobs/restage.sh [MB]     # default 14: parts .gpu/big-libmlx.so.xz-NN, each with stash.sh
+# Device calls on a fresh machine: `bash .gpu/big-libmlx.so.xz-NN/stash.sh` per part (carry that
+# folder), the GGUF's parts likewise, then `source .gpu/c/activate.sh` (carry .gpu/c), which now
+# assembles libmlx from the stashed parts. Later calls: `source .gpu/env/activate.sh`.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+mb=${1:-14}
+[ -f .gpu/a/libmlx.part00 ] && [ -f .gpu/b/libmlx.part01 ] && [ -f .gpu/c/libmlx.part02 ] ||
+  { echo "error: run ../shared/gpu/stage.sh first (no .gpu/a, .gpu/b, .gpu/c thirds of libmlx)" >&2; exit 2; }
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+cat .gpu/a/libmlx.part00 .gpu/b/libmlx.part01 .gpu/c/libmlx.part02 > "$work/libmlx.so.xz"
+rm -rf .gpu/big-libmlx.so.xz-*
+../shared/gpu/split-big.sh "$work/libmlx.so.xz" libmlx.so.xz "$mb"
+rm -rf .gpu/a .gpu/b .gpu/c/libmlx.part02
+# activate.sh assembles /root/stash/libmlx.part00 + part01 + .gpu/c/libmlx.part02: give it the
+# joined stream as part00 and two empty parts (xz checks the stream's integrity as it decodes).
+for f in .gpu/c/activate.sh; do  # only .gpu/c holds the wheels that assemble MLX
+  { sed -n 1,3p ../shared/gpu/activate.sh
+    cat <<'EOF'
+if [ ! -f /tmp/site/mlx/lib/libmlx.so ] && [ -f /root/stash/libmlx.so.xz.bigmeta ]; then  # jobs/restage.sh
+  n=$(cut -d' ' -f1 /root/stash/libmlx.so.xz.bigmeta); have=$(ls /root/stash/libmlx.so.xz.bigpart* | wc -l)
+  if [ "$have" = "$n" ]; then
+    cat /root/stash/libmlx.so.xz.bigpart* > /root/stash/libmlx.part00 && : > /root/stash/libmlx.part01
+    [ -f "$here/libmlx.part02" ] || : > "$here/libmlx.part02"
+  else echo "[activate] libmlx: $have of $n parts stashed" >&2; fi
+fi
+EOF
+    sed -n '4,$p' ../shared/gpu/activate.sh; } > "$f.new" && mv "$f.new" "$f"
+done
+du -sh .gpu/big-libmlx.so.xz-* .gpu/c | tr '\n' ' '; echo
