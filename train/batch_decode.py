@@ -30,18 +30,21 @@ def supported(model) -> bool:
 
 
 def decode(model, prompts: list[list[int]], max_new_tokens: int, eos: set[int], sample,
-           width: int | None = None) -> list[list[int]]:
+           width: int | None = None, admit: int = 1) -> list[list[int]]:
     """Each prompt's answer ids (at most max_new_tokens, cut before the first id in `eos`), at
-    most `width` rows decoding at once (null: all of them), taken in list order; `sample` maps
-    logits [B, V] to ids [B]. A row's answer does not depend on the rows beside it."""
+    most `width` rows decoding at once (null: all of them), taken in list order, new rows
+    admitted `admit` at a time (admit = width: a batch at a time); `sample` maps logits [B, V]
+    to ids [B]. A row's answer does not depend on the rows beside it."""
     assert prompts and all(prompts), "decode needs at least one prompt, none empty"
     width = min(width or len(prompts), len(prompts))
+    admit = min(admit, width)
     answers: list[list[int]] = [[] for _ in prompts]
     waiting = list(range(len(prompts)))[::-1]  # popped from the end: list order
     live, cache, y = [], None, None  # prompt index per row; caches; [B] each row's newest token, not yet fed
     while live or waiting:
-        if waiting and len(live) < width:
-            new = [waiting.pop() for _ in range(min(width - len(live), len(waiting)))]
+        if waiting and (width - len(live) >= admit or not live):
+            free = min(width - len(live), len(waiting))
+            new = [waiting.pop() for _ in range(free - free % admit if free >= admit else free)]
             cache, y = _admit(model, [prompts[i] for i in new], sample, cache, y)
             live += new
         block = [y]
