@@ -33,13 +33,13 @@ log() { echo "[job $(($(date +%s) - START))s] $*" >&2; }
 
 if [ "$TINY" = 1 ]; then
   DTYPE=float32 W=${W}-tiny JOB=$W/job
-  DATA=(data.n_prompts=24 data.batch=8 data.shard_size=16 data.max_new_tokens=24 data.max_len=96 data.eval_rows=4)
+  DATA=(data.n_prompts=24 data.batch=8 data.max_new_tokens=24 data.max_len=96 data.eval_rows=4)
   declare -A ARGS=([eagle3]="train.steps=6 train.batch=4 train.draft_vocab_size=512 train.intermediate_size=64"
                    [dflash]="train.steps=6 train.batch=4 train.num_layers=1 train.intermediate_size=64 train.num_anchors=4"
                    [mtp]="train.steps=6 train.batch=4" [draft_model]="train.steps=6 train.batch=4 train.num_layers=2")
   TRAIN_S=60 CELL_S=600 BENCH=(bench=smoke bench.max_prompts=2 bench.max_new_tokens=16 bench.reps=1)
 else
-  DATA=(data.n_prompts=${N_PROMPTS:-8192} data.batch=256 data.shard_size=${SHARD:-2048} data.max_new_tokens=256 data.max_len=640 data.eval_rows=128)
+  DATA=(data.n_prompts=${N_PROMPTS:-8192} data.batch=256 data.max_new_tokens=256 data.max_len=640 data.eval_rows=128)
   # Batches 2-4x run 2's (whose drafters were short of examples seen, not of data): the trainings
   # share one host-bound GPU, so a step of more rows costs little more time. Steps are what two
   # calls of TRAIN_S reach; a run stopped by time exports its best held-out step and resumes.

@@ -110,7 +110,7 @@ def test_rows_that_end_give_their_place_to_the_next_prompts_and_answers_stay_one
     calls = []
     real = batch_decode._admit
     monkeypatch.setattr(batch_decode, "_admit", lambda m, ps, *a: calls.append(len(ps)) or real(m, ps, *a))
-    assert batch_decode.decode(model, ids, 20, eos, greedy, width=3) == alone
+    assert batch_decode.decode(model, ids, 20, eos, greedy, width=3, admit=1) == alone
     assert calls[0] == 3 and len(calls) > 2  # new prompts joined a batch with rows still answering
 
 

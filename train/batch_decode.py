@@ -7,11 +7,14 @@ on an H200 at ~9k answer tokens/s. Training data needs less: a list of prompts, 
 the same token budget, end-of-sequence ids. This loop left-pads prompts into mlx-lm's
 BatchKVCache (its masks and per-row positions make the padding invisible), prefills them in
 one call, then decodes the whole batch a step at a time, queuing each step before reading
-the last. The host reads the newest `CHECK_EVERY` steps at once; a row whose answer has
-ended then leaves the batch and the next prompts in the list are prefilled into the freed
-rows (BatchKVCache's filter and extend), so the batch stays full until the list runs out
-instead of running until its longest answer ends. Rows are cut before their first
-end-of-sequence id (not kept, as mlx-lm's batch generation does not keep it).
+the last. The host reads the newest `CHECK_EVERY` steps at once; rows whose answers have
+ended then leave the batch (BatchKVCache.filter), so later steps compute only live rows.
+Rows are cut before their first end-of-sequence id (not kept, as mlx-lm's batch generation
+does not keep it).
+
+`admit` < width refills freed rows with the next prompts (BatchKVCache.extend) instead of
+waiting for the batch to empty; measured on the H200, that ran slower than a batch at a time
+(docs/benchmarks/2026-12-04-smollm2-run5), so a batch at a time is the default.
 
 Targets whose caches are not all plain KV caches (recurrent or sliding-window layers) are
 not taken: `supported` says so, and the caller uses mlx-lm's generator for them.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
-CHECK_EVERY = 16  # steps between host reads: rows that ended leave, the next prompts take their rows
+CHECK_EVERY = 16  # steps between host reads: rows that ended leave the batch
 
 
 def supported(model) -> bool:
@@ -30,14 +33,14 @@ def supported(model) -> bool:
 
 
 def decode(model, prompts: list[list[int]], max_new_tokens: int, eos: set[int], sample,
-           width: int | None = None, admit: int = 1) -> list[list[int]]:
+           width: int | None = None, admit: int | None = None) -> list[list[int]]:
     """Each prompt's answer ids (at most max_new_tokens, cut before the first id in `eos`), at
     most `width` rows decoding at once (null: all of them), taken in list order, new rows
-    admitted `admit` at a time (admit = width: a batch at a time); `sample` maps logits [B, V]
+    admitted `admit` at a time (null: a batch at a time); `sample` maps logits [B, V]
     to ids [B]. A row's answer does not depend on the rows beside it."""
     assert prompts and all(prompts), "decode needs at least one prompt, none empty"
     width = min(width or len(prompts), len(prompts))
-    admit = min(admit, width)
+    admit = min(admit or width, width)
     answers: list[list[int]] = [[] for _ in prompts]
     waiting = list(range(len(prompts)))[::-1]  # popped from the end: list order
     live, cache, y = [], None, None  # prompt index per row; caches; [B] each row's newest token, not yet fed

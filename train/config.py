@@ -25,9 +25,7 @@ class DataConfig:
     top_p: float = 1.0
     magpie_temperature: float = 1.0  # instructions the target writes itself (Magpie's defaults)
     magpie_max_tokens: int = 64  # an instruction not finished within this many tokens is dropped
-    batch: int = 32  # rows decoding at once while answering (a row that ends gives its place to the next prompt)
-    shard_size: Optional[int] = None  # prompts per cached shard; null = data.batch. Larger shards keep the
-    #                                   batch full for longer: a shard's last rows drain it
+    batch: int = 32  # rows per batch_generate call and per cached shard
     max_len: int = 512  # prompt + answer tokens kept per row
     eval_rows: int = 16  # rows held out for the per-position accuracy curve
     seed: int = 0
@@ -98,8 +96,7 @@ def validate(cfg: TrainAppConfig) -> None:
                 "train.num_layers": t.num_layers, "train.num_anchors": t.num_anchors,
                 "train.num_target_features": t.num_target_features, "data.n_prompts": d.n_prompts,
                 "data.max_new_tokens": d.max_new_tokens, "data.batch": d.batch, "data.max_len": d.max_len,
-                "data.magpie_max_tokens": d.magpie_max_tokens, "data.max_prompt_tokens": d.max_prompt_tokens or 1,
-                "data.shard_size": d.shard_size or 1}
+                "data.magpie_max_tokens": d.magpie_max_tokens, "data.max_prompt_tokens": d.max_prompt_tokens or 1}
     for key, v in positive.items():
         if v <= 0:
             raise ConfigError(f"{key}={v} must be > 0")

@@ -197,19 +197,12 @@ def manifest(ckpt: Path, tokenizer, cfg, source: str) -> dict:
     keys = ("n_prompts", "max_new_tokens", "temperature", "top_p", "magpie_temperature", "magpie_max_tokens",
             "batch", "seed")
     extra = {"max_prompt_tokens": max_prompt_tokens(cfg)} if source.startswith(SHAREGPT) else {}
-    if cfg.shard_size is not None:  # caches made before data.shard_size hold shards of data.batch rows
-        extra["shard_size"] = shard_size(cfg)
     return {"layout": CACHE_LAYOUT, "target": str(ckpt), "target_config_sha256": hashlib.sha256(config).hexdigest(),
             "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(), "prompt_source": source,
             **{k: getattr(cfg, k) for k in keys}, **extra}
 
 
 NOT_COMPARED = ("generation", "filtered")  # manifest keys that describe a run, not what the rows depend on
-
-
-def shard_size(cfg) -> int:
-    """Prompts per cached shard: data.shard_size, or data.batch when null."""
-    return cfg.shard_size or cfg.batch
 
 
 def max_prompt_tokens(cfg) -> int:
@@ -368,10 +361,9 @@ def _sharegpt_prompts(tokenizer, cfg, cache: Path, log) -> list[str]:
 
 
 def _answers(model, tokenizer, prompts: list[str], cfg, cache: Path, log) -> Rows:
-    """Every prompt answered: shards of data.shard_size prompts (data.batch when null) taken in
-    order of prompt length (ties in prompt order), each answered data.batch rows at a time."""
-    size = shard_size(cfg)
-    n_shards = -(-len(prompts) // size)
+    """Every prompt answered: shards of data.batch prompts taken in order of prompt length
+    (ties in prompt order), each answered in one batch."""
+    n_shards = -(-len(prompts) // cfg.batch)
     missing = [s for s in range(n_shards) if not (cache / f"shard-{s:05d}.jsonl").exists()]
     ids = [_encode_prompt(tokenizer, p) for p in prompts] if missing else []  # a complete cache needs no encoding
     order = sorted(range(len(ids)), key=lambda i: (len(ids[i]), i))
@@ -383,7 +375,7 @@ def _answers(model, tokenizer, prompts: list[str], cfg, cache: Path, log) -> Row
         if not path.exists() and cfg.max_seconds is not None and time.perf_counter() - started > cfg.max_seconds:
             continue  # out of time for new shards: train on those written (a rerun generates the rest)
         if not path.exists():
-            part = [ids[i] for i in order[s * size:(s + 1) * size]]
+            part = [ids[i] for i in order[s * cfg.batch:(s + 1) * cfg.batch]]
             t0 = time.perf_counter()
             answers = answer_batch(model, tokenizer, part, cfg, seed=cfg.seed * 100003 + s)
             seconds = time.perf_counter() - t0
@@ -410,9 +402,9 @@ def _answers(model, tokenizer, prompts: list[str], cfg, cache: Path, log) -> Row
 
 
 def answer_batch(model, tokenizer, prompts: list[list[int]], cfg, seed: int) -> list[list[int]]:
-    """The target's answers to `prompts` (ids), data.batch of them decoding at once, a row that
-    ends giving its place to the next prompt: train/batch_decode.py for attention-only targets,
-    else mlx-lm's batch generation with its prefill and completion batches that wide."""
+    """The target's answers to `prompts` (ids), all decoding in one batch: train/batch_decode.py
+    for attention-only targets, else mlx-lm's batch generation with its prefill and completion
+    batches as wide as the list."""
     import mlx.core as mx
     from mlx_lm.generate import batch_generate
     from mlx_lm.sample_utils import make_sampler
@@ -421,11 +413,10 @@ def answer_batch(model, tokenizer, prompts: list[list[int]], cfg, seed: int) -> 
     sampler = make_sampler(temp=cfg.temperature, top_p=cfg.top_p)
     if batch_decode.supported(model):  # attention-only targets: no per-sequence host work per step
         return batch_decode.decode(model, prompts, cfg.max_new_tokens, set(tokenizer.eos_token_ids),
-                                   lambda logits: sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True)),
-                                   width=cfg.batch)
-    width = min(cfg.batch, len(prompts))
+                                   lambda logits: sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True)))
     res = batch_generate(model, tokenizer, prompts, max_tokens=cfg.max_new_tokens, return_token_ids=True,
-                         sampler=sampler, completion_batch_size=width, prefill_batch_size=width)
+                         sampler=sampler,
+                         completion_batch_size=len(prompts), prefill_batch_size=len(prompts))
     return [list(map(int, a)) for a in res.token_ids]
 
 
