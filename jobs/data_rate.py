@@ -6,6 +6,8 @@ the job's prompts: which way of keeping a batch of `width` rows full runs fastes
 
 Each admission size decodes the same prompts (length-sorted, from the middle of the list) `reps`
 times; the first rep pays the device's kernel compiles, the later ones show the steady rate.
+`--grid` instead times one decode step of the batch at several widths and context lengths
+(what a step's cost grows with).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from train.data import _encode_prompt
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--cache", required=True, type=Path)
+    ap.add_argument("--cache", type=Path, help="a data cache holding prompts.jsonl (not needed with --grid)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--width", type=int, default=256)
@@ -33,8 +35,13 @@ def main() -> None:
     ap.add_argument("--admit", type=int, nargs="+", default=[256, 64, 16, 1])
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--grid", action="store_true")
     a = ap.parse_args()
     model, tok = load_target(resolve_model(a.model, a.dtype), a.dtype)
+    if a.grid:
+        return step_grid(model, a.out)
+    if a.cache is None:
+        ap.error("--cache <data cache with prompts.jsonl> is needed to time the admission sizes")
     texts = [json.loads(line)["prompt"] for line in (a.cache / "prompts.jsonl").read_text().splitlines()]
     ids = sorted((_encode_prompt(tok, t) for t in texts), key=len)
     mid = max(0, len(ids) // 2 - a.n // 2)
@@ -54,6 +61,34 @@ def main() -> None:
     if a.out:
         a.out.write_text(json.dumps({"device": str(mx.default_device()), "width": a.width, "n": len(ids),
                                      "runs": out}, indent=1))
+
+
+def step_grid(model, out: Path | None, widths=(1, 16, 64, 256), contexts=(64, 256, 640), steps=32) -> None:
+    # ms per decode step of `width` rows at `context` cached tokens (each measured after a warm pass).
+    rows = []
+    for width in widths:
+        for context in contexts:
+            ms = [_time_steps(model, width, context, steps) for _ in range(2)][-1]
+            rows.append({"width": width, "context": context, "ms_per_step": round(ms, 3),
+                         "row_tokens_per_s": round(width / ms * 1e3, 1)})
+            print(json.dumps(rows[-1]), flush=True)
+    if out:
+        out.write_text(json.dumps({"device": str(mx.default_device()), "grid": rows}, indent=1))
+
+
+def _time_steps(model, width: int, context: int, steps: int) -> float:
+    from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+
+    cache = [BatchKVCache([0] * width) for _ in make_prompt_cache(model)]
+    x = mx.random.randint(0, 1000, (width, context)).astype(mx.int32)
+    y = mx.argmax(model(x, cache=cache)[:, -1, :], axis=-1)
+    mx.eval(y, [c.state[:2] for c in cache])
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        y = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
+        mx.async_eval(y)
+    mx.eval(y)
+    return (time.perf_counter() - t0) / steps * 1e3
 
 
 if __name__ == "__main__":
