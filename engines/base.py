@@ -29,14 +29,6 @@ from engines.deltanet import backend_path
 from engines.target import Target, as_ids
 
 
-class Unsupported(Exception):
-    """This method cannot run on this model/config; the message says why."""
-
-
-class DrafterError(ValueError):
-    """A drafter checkpoint does not fit its target (the message says which field or tensor)."""
-
-
 @dataclass
 class Draft:
     """A proposed continuation.

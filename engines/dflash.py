@@ -31,10 +31,11 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
-from engines.base import Draft, DrafterError, Engine, register
+from engines.base import Draft, Engine, register
 from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, ROPE_FIELDS, SLIDING_FIELDS,
                                 Field, check_rope, check_tensors, attention_types, float_drafter, quantize_like, read_config, read_fields, read_tensors,
                                 refuse_unknown, refuse_unknown_fields, rope_settings, write_checkpoint)
+from engines.errors import DrafterError
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
 

@@ -19,8 +19,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache
 
 from engines import shared_weights
-from engines.base import Draft, DrafterError, Engine, Unsupported, register
+from engines.base import Draft, Engine, register
 from engines.checkpoint import float_drafter
+from engines.errors import DrafterError, Unsupported
 from engines.home import home
 from engines.hidden import activation_dtype, vocab_size
 from engines.target import Target

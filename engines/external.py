@@ -29,7 +29,8 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engines.base import Engine, Unsupported, register
+from engines.base import Engine, register
+from engines.errors import Unsupported
 from engines.hidden import decoder
 
 ANCHORS_INSTALL = "pip install -e '.[anchors]'"

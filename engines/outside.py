@@ -33,7 +33,8 @@ from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
 
-from engines.base import Unsupported, register
+from engines.base import register
+from engines.errors import Unsupported
 from engines.external import External, stamped_events
 
 STDERR_TAIL = 40  # lines of the engine's log quoted in an error

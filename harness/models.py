@@ -24,8 +24,8 @@ from pathlib import Path
 
 from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, Field, load_safetensors,
                                 read_fields, read_json)
-from harness.config import ConfigError
 from harness import fixtures, packaged
+from harness.errors import ConfigError
 from harness.packaged import Packaged, split_parts
 
 # Never let a library reach for the network: the harness runs from local files only.

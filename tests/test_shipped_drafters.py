@@ -11,13 +11,13 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from engines.base import DrafterError
+from engines.errors import DrafterError
 from harness.config import shipped_drafter
 KINDS = {"eagle3": "eagle3", "dflash": "dflash_a", "mtp": "mtp", "draft_model": "draft_model"}
 
 
 def _smollm2_installed() -> bool:
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
     from harness.models import named_model_file
 
     try:
