@@ -1,4 +1,4 @@
-"""The engine protocol and the registry of engines by name.
+"""The engine protocol (engines/registry.py finds an engine by name).
 
 An engine is one speculative-decoding method. It sees token ids only, never text,
 and never times, prints or loops over the output: harness/loop.py drives it one
@@ -21,7 +21,7 @@ leaves behind.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import mlx.core as mx
 
@@ -89,7 +89,7 @@ class Engine:
     - describe() -> dict of facts for the record (e.g. which rollback path ran).
     """
 
-    name: ClassVar[str] = ""
+    name: ClassVar[str] = ""  # the key engines/registry.py lists this class under
     knobs: ClassVar[tuple[str, ...]] = ()  # MethodConfig fields this method reads
     drafts: ClassVar[bool] = True  # False: every round is one decode step (the loop pipelines them)
     external: ClassVar[bool] = False  # True: someone else's generation loop (engines/external.py)
@@ -146,48 +146,3 @@ class Engine:
         if self.target.layout.recurrent:
             out["recurrence"] = backend_path()
         return out
-
-
-# ---------------------------------------------------------------- registry
-
-_REGISTRY: dict[str, type[Engine]] = {}
-_ALIASES: dict[str, str] = {}
-
-
-def register(name: str, *aliases: str) -> Callable[[type[Engine]], type[Engine]]:
-    def deco(cls: type[Engine]) -> type[Engine]:
-        if name in _REGISTRY:
-            raise ValueError(f"engine {name!r} registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        for a in aliases:
-            _ALIASES[a] = name
-        return cls
-    return deco
-
-
-def available() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def get_engine(name: str) -> type[Engine]:
-    """The engine class registered as `name` (or an alias); lists the others on a miss."""
-    _load_builtin()
-    key = _ALIASES.get(name, name)
-    if key not in _REGISTRY:
-        raise KeyError(f"unknown method {name!r}; available: {', '.join(available())}")
-    return _REGISTRY[key]
-
-
-def _load_builtin() -> None:
-    # Importing the modules runs their @register decorators.
-    import engines.autoregressive  # noqa: F401
-    import engines.control  # noqa: F401
-    import engines.dflash  # noqa: F401
-    import engines.draft_model  # noqa: F401
-    import engines.eagle3  # noqa: F401
-    import engines.external  # noqa: F401
-    import engines.mtp  # noqa: F401
-    import engines.ngram  # noqa: F401
-    import engines.outside  # noqa: F401

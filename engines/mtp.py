@@ -37,7 +37,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from engines.base import Draft, Engine, register
+from engines.base import Draft, Engine
 from engines.cache import trim_attention
 from engines.checkpoint import check_tensors, float_drafter, load_safetensors, quantize_like, read_json
 from engines.errors import DrafterError, Unsupported
@@ -142,8 +142,8 @@ def load_mtp(path: Path, model: nn.Module) -> MTPHead:
     return head
 
 
-@register("mtp")
 class MTP(Engine):
+    name = "mtp"
     knobs = ("block_size", "drafter", "verify")
     drafter_kind = "mtp"
 

@@ -33,7 +33,6 @@ from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
 
-from engines.base import register
 from engines.errors import Unsupported
 from engines.external import External, stamped_events
 
@@ -159,10 +158,10 @@ def log_path(kind: str) -> Path:
     return home() / "outside-logs" / f"{kind}-{os.getpid()}-{time.time_ns()}.log"
 
 
-@register("subprocess")
 class SubprocessArm(External):
     """An engine process speaking the subprocess protocol (module docstring)."""
 
+    name = "subprocess"
     knobs = ("command", "startup_timeout_s", "request_timeout_s")
 
     def __init__(self, target, cfg):
@@ -241,7 +240,6 @@ def _listening(url: str) -> bool:
         return False
 
 
-@register("server")
 class ServerArm(External):
     """An OpenAI-compatible server (mlx_lm.server, llama.cpp's llama-server, vLLM, your own)
     streamed over /v1/completions: the prompt ids are sent as their text (chat template
@@ -250,6 +248,7 @@ class ServerArm(External):
     arrival time times it. method.launch starts the server for the cell (health-checked on
     /health or /v1/models, stopped after, its log kept); without it, method.url must answer."""
 
+    name = "server"
     knobs = ("url", "model", "launch", "startup_timeout_s", "request_timeout_s")
 
     def __init__(self, target, cfg):

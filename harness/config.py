@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from engines.errors import Unsupported
+from engines.registry import get_engine
 from harness.bounds import check_block
 from harness.errors import ConfigError
 
@@ -165,7 +166,6 @@ def _check_outside(method, knobs) -> None:
 
 def validate(cfg) -> None:
     """Check every value the schema cannot; raises ConfigError."""
-    from engines.base import get_engine
     from engines.gemm import available as gemm_available
 
     try:
@@ -221,8 +221,6 @@ def validate(cfg) -> None:
 
 
 def knobs_of(method_name: str) -> tuple[str, ...]:
-    from engines.base import get_engine
-
     return get_engine(method_name).knobs
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from engines.base import get_engine
 from engines.errors import DrafterError, Unsupported
+from engines.registry import get_engine
 from engines.target import Target
 from harness.config import resolve_drafter, validate
 from harness.env import STREAM_PROBE, LoadMeter, blas_warning, environment, stream_rate

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from engines.base import get_engine
 from engines.draft_model import DraftModel
+from engines.registry import get_engine
 from engines.target import Target
 from harness import models
 from harness.errors import ConfigError

@@ -56,7 +56,7 @@ def smollm2():
 def test_each_shipped_drafter_is_found_by_default_and_runs_losslessly_on_smollm2_in_float32(kind, smollm2):
     from types import SimpleNamespace
 
-    from engines.base import get_engine
+    from engines.registry import get_engine
     from engines.target import Target
     from harness.config import resolve_drafter
     from tests.helpers import base_engine, generate_ids
