@@ -55,6 +55,35 @@ class Draft:
         return self.tokens.shape[0]
 
 
+# What a generation yields, in order: one Prefill, then one Round per verify (harness/loop.py's
+# generate for the harness's engines, engines/external.py's stamped_events for the others).
+
+@dataclass
+class Prefill:
+    """The first token of a generation (the loop's first event, or an external arm's)."""
+
+    token: int  # first output token, chosen from the prompt's last logits
+    seconds: float  # time to first token: the target's prefill plus the method's prepare() over the prompt
+    phases: dict[str, float] | None = None  # {"prefill", "prepare"} seconds when profiling
+    scores: mx.array | None = None  # [V] the arm's own log-probabilities here, where an external arm gives them
+
+
+@dataclass
+class Round:
+    """One round after the first token: a verify, or a decode step where nothing was drafted."""
+
+    drafted: int  # K tokens proposed (for a tree: its depth, the longest path it could accept)
+    accepted: int  # n of them the target accepted (even where the budget or a stop token cuts emitted)
+    emitted: list[int]  # accepted drafts + bonus, cut at the token budget or a stop token (so it can hold
+    #                     fewer than accepted + 1)
+    seconds: float
+    phases: dict[str, float] | None  # per-phase seconds when profiling, else None
+    tree_size: int = 0  # nodes in the draft tree (0 for chains)
+    scores: mx.array | None = None  # [V] log-probabilities of a one-token round, where an external arm gives them
+    with_first: bool = False  # arrived with the first token (an outside loop's first round): its time is in
+    #                           the time to first token, so its tokens are not decode tokens
+
+
 class NullProfiler:
     """Phase marks cost nothing unless the harness installs a real profiler."""
 

@@ -29,7 +29,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engines.base import Engine
+from engines.base import Engine, Prefill, Round
 from engines.errors import Unsupported
 from engines.hidden import decoder
 
@@ -62,8 +62,6 @@ def stamped_events(steps, t0: float, arm: Engine):
     server that answers per round): its first token is the Prefill event, and the rest of the
     round, which arrived with it, a Round that keeps its drafted and accepted counts. Every
     step is checked here, the one door outside results come through (ArmReportError)."""
-    from harness.loop import Prefill, Round
-
     last = None
     for t, emitted, drafted, accepted, scores in steps:
         check_step(arm, t, last if last is not None else t0, emitted, drafted, accepted, first=last is None)

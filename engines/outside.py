@@ -35,6 +35,7 @@ from pathlib import Path
 
 from engines.errors import Unsupported
 from engines.external import External, stamped_events
+from engines.home import home
 
 STDERR_TAIL = 40  # lines of the engine's log quoted in an error
 TAIL_S = 5.0  # how long a stream may run on past its last needed token (for its closing usage/timings chunk)
@@ -153,8 +154,6 @@ class Process(Child):
 
 
 def log_path(kind: str) -> Path:
-    from engines.home import home
-
     return home() / "outside-logs" / f"{kind}-{os.getpid()}-{time.time_ns()}.log"
 
 
