@@ -5,11 +5,11 @@ step and nothing is ever rolled back; the loop queues each step before reading t
 previous token (harness/loop.py), the way mlx-lm's own generate_step runs.
 """
 
-from engines.base import Engine, register
+from engines.base import Engine
 
 
-@register("base", "autoregressive", "ar")
 class Autoregressive(Engine):
+    name = "base"
     drafts = False  # the loop pipelines its steps as mlx-lm's generate_step does
 
     def verify(self, pending, draft):

@@ -1,4 +1,4 @@
-"""The engine protocol and the registry of engines by name.
+"""The engine protocol (engines/registry.py finds an engine by name).
 
 An engine is one speculative-decoding method. It sees token ids only, never text,
 and never times, prints or loops over the output: harness/loop.py drives it one
@@ -21,20 +21,12 @@ leaves behind.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import mlx.core as mx
 
 from engines.deltanet import backend_path
 from engines.target import Target, as_ids
-
-
-class Unsupported(Exception):
-    """This method cannot run on this model/config; the message says why."""
-
-
-class DrafterError(ValueError):
-    """A drafter checkpoint does not fit its target (the message says which field or tensor)."""
 
 
 @dataclass
@@ -61,6 +53,35 @@ class Draft:
     @property
     def k(self) -> int:
         return self.tokens.shape[0]
+
+
+# What a generation yields, in order: one Prefill, then one Round per verify (harness/loop.py's
+# generate for the harness's engines, engines/external.py's stamped_events for the others).
+
+@dataclass
+class Prefill:
+    """The first token of a generation (the loop's first event, or an external arm's)."""
+
+    token: int  # first output token, chosen from the prompt's last logits
+    seconds: float  # time to first token: the target's prefill plus the method's prepare() over the prompt
+    phases: dict[str, float] | None = None  # {"prefill", "prepare"} seconds when profiling
+    scores: mx.array | None = None  # [V] the arm's own log-probabilities here, where an external arm gives them
+
+
+@dataclass
+class Round:
+    """One round after the first token: a verify, or a decode step where nothing was drafted."""
+
+    drafted: int  # K tokens proposed (for a tree: its depth, the longest path it could accept)
+    accepted: int  # n of them the target accepted (even where the budget or a stop token cuts emitted)
+    emitted: list[int]  # accepted drafts + bonus, cut at the token budget or a stop token (so it can hold
+    #                     fewer than accepted + 1)
+    seconds: float
+    phases: dict[str, float] | None  # per-phase seconds when profiling, else None
+    tree_size: int = 0  # nodes in the draft tree (0 for chains)
+    scores: mx.array | None = None  # [V] log-probabilities of a one-token round, where an external arm gives them
+    with_first: bool = False  # arrived with the first token (an outside loop's first round): its time is in
+    #                           the time to first token, so its tokens are not decode tokens
 
 
 class NullProfiler:
@@ -97,7 +118,7 @@ class Engine:
     - describe() -> dict of facts for the record (e.g. which rollback path ran).
     """
 
-    name: ClassVar[str] = ""
+    name: ClassVar[str] = ""  # the key engines/registry.py lists this class under
     knobs: ClassVar[tuple[str, ...]] = ()  # MethodConfig fields this method reads
     drafts: ClassVar[bool] = True  # False: every round is one decode step (the loop pipelines them)
     external: ClassVar[bool] = False  # True: someone else's generation loop (engines/external.py)
@@ -154,48 +175,3 @@ class Engine:
         if self.target.layout.recurrent:
             out["recurrence"] = backend_path()
         return out
-
-
-# ---------------------------------------------------------------- registry
-
-_REGISTRY: dict[str, type[Engine]] = {}
-_ALIASES: dict[str, str] = {}
-
-
-def register(name: str, *aliases: str) -> Callable[[type[Engine]], type[Engine]]:
-    def deco(cls: type[Engine]) -> type[Engine]:
-        if name in _REGISTRY:
-            raise ValueError(f"engine {name!r} registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        for a in aliases:
-            _ALIASES[a] = name
-        return cls
-    return deco
-
-
-def available() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def get_engine(name: str) -> type[Engine]:
-    """The engine class registered as `name` (or an alias); lists the others on a miss."""
-    _load_builtin()
-    key = _ALIASES.get(name, name)
-    if key not in _REGISTRY:
-        raise KeyError(f"unknown method {name!r}; available: {', '.join(available())}")
-    return _REGISTRY[key]
-
-
-def _load_builtin() -> None:
-    # Importing the modules runs their @register decorators.
-    import engines.autoregressive  # noqa: F401
-    import engines.control  # noqa: F401
-    import engines.dflash  # noqa: F401
-    import engines.draft_model  # noqa: F401
-    import engines.eagle3  # noqa: F401
-    import engines.external  # noqa: F401
-    import engines.mtp  # noqa: F401
-    import engines.ngram  # noqa: F401
-    import engines.outside  # noqa: F401

@@ -18,7 +18,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from engines.base import DrafterError
+from engines.errors import DrafterError
 
 # ---------------------------------------------------------------- bookkeeping fields
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from engines.base import Draft, Engine, register
+from engines.base import Draft, Engine
 
 
-@register("control", "verify_control")
 class Control(Engine):
+    name = "control"
     knobs = ("block_size",)
     drafts = False  # it keeps one token per round, so the loop pipelines it like base decoding
     verifies_full_block = True  # every round costs a K+1 verify though it drafts nothing

@@ -31,10 +31,11 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
-from engines.base import Draft, DrafterError, Engine, register
+from engines.base import Draft, Engine
 from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, ROPE_FIELDS, SLIDING_FIELDS,
                                 Field, check_rope, check_tensors, attention_types, float_drafter, quantize_like, read_config, read_fields, read_tensors,
                                 refuse_unknown, refuse_unknown_fields, rope_settings, write_checkpoint)
+from engines.errors import DrafterError
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
 
@@ -406,20 +407,20 @@ class DFlash(Engine):
                 "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling}
 
 
-@register("dflash_a", "dflash")
 class DFlashA(DFlash):
     """Option A: incremental verify at the end of the output, exact rollback."""
 
+    name = "dflash_a"
     knobs = ("block_size", "drafter", "verify")
 
     def _commit(self, n_accepted):
         self.target.commit(n_accepted + 1)
 
 
-@register("dflash_c")
 class DFlashC(DFlash):
     """Option C: every round re-prefills prompt + output + block from position 0."""
 
+    name = "dflash_c"
     incremental_verify = False  # the speedup model must take its verify cost from the profile
 
     def draft(self, history):

@@ -19,8 +19,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache
 
 from engines import shared_weights
-from engines.base import Draft, DrafterError, Engine, Unsupported, register
+from engines.base import Draft, Engine
 from engines.checkpoint import float_drafter
+from engines.errors import DrafterError, Unsupported
 from engines.home import home
 from engines.hidden import activation_dtype, vocab_size
 from engines.target import Target
@@ -52,8 +53,8 @@ def load_draft_model(path: Path, target: Target):
     return model, config
 
 
-@register("draft_model", "sps")
 class DraftModel(Engine):
+    name = "draft_model"
     knobs = ("block_size", "drafter", "verify")
     drafter_kind = "draft_model"
     caps_drafts = True  # each draft is a step of the draft model: none past what the budget can emit

@@ -49,11 +49,12 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
-from engines.base import Draft, DrafterError, Engine, register
+from engines.base import Draft, Engine
 from engines.cache import trim_attention
 from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, ROPE_FIELDS, SLIDING_FIELDS,
                                 Field, attention_types, check_rope, check_tensors, float_drafter, quantize_like, read_config, read_fields,
                                 read_tensors, refuse_unknown, refuse_unknown_fields, rope_settings, write_checkpoint)
+from engines.errors import DrafterError
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
 
@@ -412,8 +413,8 @@ class _Node:
     kv_slot: int = -1  # which tree entry of the drafter cache this node owns once expanded
 
 
-@register("eagle3")
 class Eagle3(Engine):
+    name = "eagle3"
     knobs = ("drafter", "verify", "depth", "top_k", "total_tokens")
     drafter_kind = "eagle3"
 

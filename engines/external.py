@@ -29,7 +29,8 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engines.base import Engine, Unsupported, register
+from engines.base import Engine, Prefill, Round
+from engines.errors import Unsupported
 from engines.hidden import decoder
 
 ANCHORS_INSTALL = "pip install -e '.[anchors]'"
@@ -61,8 +62,6 @@ def stamped_events(steps, t0: float, arm: Engine):
     server that answers per round): its first token is the Prefill event, and the rest of the
     round, which arrived with it, a Round that keeps its drafted and accepted counts. Every
     step is checked here, the one door outside results come through (ArmReportError)."""
-    from harness.loop import Prefill, Round
-
     last = None
     for t, emitted, drafted, accepted, scores in steps:
         check_step(arm, t, last if last is not None else t0, emitted, drafted, accepted, first=last is None)
@@ -114,10 +113,10 @@ def kv_quantization(target) -> dict:
     return {"kv_bits": int(target.kv[1:]), "kv_group_size": target.kv_group_size, "quantized_kv_start": 0}
 
 
-@register("mlx_lm", "mlx-lm")
 class MlxLm(External):
     """mlx-lm's generate_step with the cell's sampler, prompt ids and KV quantization."""
 
+    name = "mlx_lm"
     scores = True  # generate_step yields each token's log-probabilities
 
     def __init__(self, target, cfg):
@@ -150,11 +149,11 @@ class MlxLm(External):
                 "cache_types": sorted({type(c).__name__ for c in self.target.cache})}
 
 
-@register("mlx_lm_spec")
 class MlxLmSpec(External):
     """mlx-lm's speculative_generate_step: the cell's draft model drafts block_size - 1 tokens
     per round; mlx-lm accepts a draft when the target's own choice there equals it."""
 
+    name = "mlx_lm_spec"
     knobs = ("block_size", "drafter")
     drafter_kind = "draft_model"
     scores = True
@@ -213,10 +212,10 @@ class MlxLmSpec(External):
                 "cache_types": sorted({type(c).__name__ for c in self.target.cache})}
 
 
-@register("dflash_zlab", "zlab")
 class DFlashZlab(External):
     """z-lab's MLX DFlash `stream_generate`, on the cell's target and drafter directories."""
 
+    name = "dflash_zlab"
     knobs = ("block_size", "drafter")
     drafter_kind = "dflash"
 

@@ -37,9 +37,10 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from engines.base import Draft, DrafterError, Engine, Unsupported, register
+from engines.base import Draft, Engine
 from engines.cache import trim_attention
 from engines.checkpoint import check_tensors, float_drafter, load_safetensors, quantize_like, read_json
+from engines.errors import DrafterError, Unsupported
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, decoder, embed, final_norm, lm_head, num_layers, text_model
 
@@ -141,8 +142,8 @@ def load_mtp(path: Path, model: nn.Module) -> MTPHead:
     return head
 
 
-@register("mtp")
 class MTP(Engine):
+    name = "mtp"
     knobs = ("block_size", "drafter", "verify")
     drafter_kind = "mtp"
 

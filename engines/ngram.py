@@ -15,7 +15,7 @@ Python cost does not grow with the context.
 
 from __future__ import annotations
 
-from engines.base import Draft, Engine, register
+from engines.base import Draft, Engine
 
 
 class NgramIndex:
@@ -54,8 +54,8 @@ def _copy_forward(history: list[int], start: int, k: int) -> list[int]:
     return out
 
 
-@register("ngram", "prompt_lookup", "pld")
 class Ngram(Engine):
+    name = "ngram"
     knobs = ("block_size", "min_ngram", "max_ngram", "verify")
 
     def __init__(self, target, cfg):

@@ -33,8 +33,9 @@ from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
 
-from engines.base import Unsupported, register
+from engines.errors import Unsupported
 from engines.external import External, stamped_events
+from engines.home import home
 
 STDERR_TAIL = 40  # lines of the engine's log quoted in an error
 TAIL_S = 5.0  # how long a stream may run on past its last needed token (for its closing usage/timings chunk)
@@ -153,15 +154,13 @@ class Process(Child):
 
 
 def log_path(kind: str) -> Path:
-    from engines.home import home
-
     return home() / "outside-logs" / f"{kind}-{os.getpid()}-{time.time_ns()}.log"
 
 
-@register("subprocess")
 class SubprocessArm(External):
     """An engine process speaking the subprocess protocol (module docstring)."""
 
+    name = "subprocess"
     knobs = ("command", "startup_timeout_s", "request_timeout_s")
 
     def __init__(self, target, cfg):
@@ -240,7 +239,6 @@ def _listening(url: str) -> bool:
         return False
 
 
-@register("server")
 class ServerArm(External):
     """An OpenAI-compatible server (mlx_lm.server, llama.cpp's llama-server, vLLM, your own)
     streamed over /v1/completions: the prompt ids are sent as their text (chat template
@@ -249,6 +247,7 @@ class ServerArm(External):
     arrival time times it. method.launch starts the server for the cell (health-checked on
     /health or /v1/models, stopped after, its log kept); without it, method.url must answer."""
 
+    name = "server"
     knobs = ("url", "model", "launch", "startup_timeout_s", "request_timeout_s")
 
     def __init__(self, target, cfg):

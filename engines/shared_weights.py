@@ -24,7 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from engines.base import DrafterError
+from engines.errors import DrafterError
 
 MANIFEST = "shared_with_target.json"
 FINGERPRINT_ROWS = 16  # rows of each shared tensor kept, spread over its first axis

@@ -19,7 +19,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from engines.base import DrafterError
+from engines.errors import DrafterError
 
 # Typed storage class -> (numpy dtype of its elements, mlx dtype the tensor becomes)
 STORAGES = {

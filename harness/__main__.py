@@ -18,8 +18,9 @@ import sys  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from harness.config import (GROUPS, MADE_BY_RUN, NESTED, OPTION_GROUPS, Config, ConfigError, check_out_dir, conf_dir,
-                            group_options, register_configs)
+from harness.config import (GROUPS, MADE_BY_RUN, NESTED, OPTION_GROUPS, Config, check_out_dir, conf_dir, group_options,
+                            register_configs)
+from harness.errors import ConfigError  # noqa: E402
 from harness.flags import ONLY_ONE, compose_first_job, parse_overrides  # noqa: E402
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 
 EVERY_SIZE_UP_TO = 16  # verify sizes timed one by one; real blocks (DFlash 16, EAGLE-3 trees) live here
 GROWTH = 1.25  # beyond, each timed size is at least this much larger than the last

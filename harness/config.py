@@ -14,13 +14,14 @@ from typing import Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from engines.errors import Unsupported
+from engines.registry import get_engine
+from harness.bounds import check_block
+from harness.errors import ConfigError
+
 DTYPES = ("float32", "float16", "bfloat16", "native")
 KV_DTYPES = ("native", "float16", "bfloat16", "q8", "q4")
 ROLLBACKS = ("auto", "capture", "recompute", "replay")
-
-
-class ConfigError(ValueError):
-    """Bad user input: the message names the problem and the fix."""
 
 
 @dataclass
@@ -165,9 +166,7 @@ def _check_outside(method, knobs) -> None:
 
 def validate(cfg) -> None:
     """Check every value the schema cannot; raises ConfigError."""
-    from engines.base import get_engine
     from engines.gemm import available as gemm_available
-    from harness.bounds import check_block
 
     try:
         engine = get_engine(cfg.method.name)
@@ -222,8 +221,6 @@ def validate(cfg) -> None:
 
 
 def knobs_of(method_name: str) -> tuple[str, ...]:
-    from engines.base import get_engine
-
     return get_engine(method_name).knobs
 
 
@@ -250,8 +247,6 @@ def resolve_drafter(cfg, kind: str) -> str:
         from harness.models import resolve_model
 
         if spec is None and not cfg.arch.model.startswith("fixture:"):
-            from engines.base import Unsupported
-
             raise Unsupported(f"no draft model for arch.model={cfg.arch.model}: pass method.drafter=<a small model "
                               "sharing its tokenizer> (checkpoint dir, GGUF file or packaged model name)")
         return str(resolve_model(spec or DEFAULT_FIXTURE_DRAFT_MODEL, cfg.arch.dtype, cfg.arch.gguf_dequantize,
@@ -267,8 +262,6 @@ def resolve_drafter(cfg, kind: str) -> str:
         spec = cfg.arch.model  # the preset's random drafter, built beside it
     if spec is None:
         if not cfg.arch.model.startswith("fixture:"):
-            from engines.base import Unsupported
-
             # A cell, not bad input: a sweep over methods records it and goes on.
             raise Unsupported(f"no {kind} drafter for arch.model={cfg.arch.model}: pass method.drafter=<{kind} "
                               "drafter dir> (a local checkpoint in its own layout)")

@@ -254,6 +254,19 @@ def build_model(name: str):
     return model
 
 
+def cast_model(model, dtype) -> None:
+    """Cast floating parameters to `dtype`, except those the model keeps in its own
+    precision (mlx-lm's cast_predicate, e.g. Qwen3.5's A_log), as mlx-lm's convert does."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    keep = getattr(model, "cast_predicate", lambda _: True)
+    params = [(k, v.astype(dtype) if keep(k) and mx.issubdtype(v.dtype, mx.floating) else v)
+              for k, v in tree_flatten(model.parameters())]
+    model.update(tree_unflatten(params))
+    mx.eval(model.parameters())
+
+
 def build_checkpoint(name: str, dest: Path) -> None:
     """Write fixture `name` to `dest` in the layout of a local Hugging Face checkout."""
     from mlx_lm.utils import save_config

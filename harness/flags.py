@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 
 # Flags that take the next argument as their value (`--cfg job`), and --info's optional one.
 VALUE_FLAGS = {"-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",

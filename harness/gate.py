@@ -16,7 +16,7 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from tabulate import tabulate
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from harness.records import read_record
 from harness.run import run_cell
 

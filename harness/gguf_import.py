@@ -35,16 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness.config import ConfigError
+from harness.errors import GGUFError
+from harness.gguf_tokenizer import build_tokenizer
 
 CONVERTER_VERSION = 1  # bump when the output of a conversion changes; old cache entries are rebuilt
 NATIVE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")  # what mx.load returns without loss
 QUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
 GROUP_SIZE = 32  # the block size of every natively read quant type
-
-
-class GGUFError(ConfigError):
-    """A GGUF file this importer cannot convert faithfully; the message names file and fix."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -364,8 +361,6 @@ def convert(path: Path, dtype: str, log=None) -> Path:
 
 def _write_checkpoint(src: Source, dtype: str, dest: Path) -> None:
     import mlx.core as mx
-
-    from harness.gguf_tokenizer import build_tokenizer
 
     names = {t.name for t in src.tensors}
     config = ARCHS[src.arch].config(src.meta, names)

@@ -19,13 +19,12 @@ With profiling off, phase marks are no-ops and nothing else synchronises.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Iterator
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
-from engines.base import Draft, Engine, NullProfiler
+from engines.base import Draft, Engine, NullProfiler, Prefill, Round
 from engines.sampling import Sampler, accept_deterministic, accept_speculative
 from engines.tree import accept_tree_greedy, tree_depths
 
@@ -49,28 +48,6 @@ class Profiler:
         now = time.perf_counter()
         self.times[phase] = self.times.get(phase, 0.0) + (now - self._t)
         self._t = now
-
-
-@dataclass
-class Prefill:
-    token: int  # first output token, chosen from the prompt's last logits
-    seconds: float  # time to first token: the target's prefill plus the method's prepare() over the prompt
-    phases: dict[str, float] | None = None  # {"prefill", "prepare"} seconds when profiling
-    scores: mx.array | None = None  # [V] the arm's own log-probabilities here, where an external arm gives them
-
-
-@dataclass
-class Round:
-    drafted: int  # K tokens proposed (for a tree: its depth, the longest path it could accept)
-    accepted: int  # n of them the target accepted (even where the budget or a stop token cuts emitted)
-    emitted: list[int]  # accepted drafts + bonus, cut at the token budget or a stop token (so it can hold
-    #                     fewer than accepted + 1)
-    seconds: float
-    phases: dict[str, float] | None  # per-phase seconds when profiling, else None
-    tree_size: int = 0  # nodes in the draft tree (0 for chains)
-    scores: mx.array | None = None  # [V] log-probabilities of a one-token round, where an external arm gives them
-    with_first: bool = False  # arrived with the first token (an outside loop's first round): its time is in
-    #                           the time to first token, so its tokens are not decode tokens
 
 
 def generate(engine: Engine, prompt: list[int], max_new_tokens: int, sampler: Sampler,

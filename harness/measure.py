@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from engines.base import Engine
+from engines.base import Engine, Prefill, Round
 from engines.cache import ROLLBACK_STRATEGIES, cache_nbytes
 from engines.sampling import Sampler
 from engines.target import Target
 from harness import stats
 from harness.bounds import fit_prompt, interpolate, nearest_at_or_above, positions_needed, verify_sizes
-from harness.loop import Prefill, Round, generate
+from harness.loop import generate
 from harness.prompts import Prompt, encode_turn
 
 MODEL_PHASES = ("verify",)  # phases the speedup model takes from calibration, not the profile

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, Field, load_safetensors,
                                 read_fields, read_json)
-from harness.config import ConfigError
-from harness import fixtures, packaged
+from harness import fixtures, packaged, scale
+from harness.errors import ConfigError
 from harness.packaged import Packaged, split_parts
 
 # Never let a library reach for the network: the harness runs from local files only.
@@ -111,8 +111,6 @@ def resolve_model(spec: str, dtype: str = "native", gguf_dequantize: bool = True
                               f"(each also quantized: fixture:<name>-q4, fixture:<name>-q8)")
         return fixtures.fixture_dir(name)
     if spec.startswith("scale:"):
-        from harness import scale
-
         try:
             return scale.checkpoint_dir(spec.split(":", 1)[1])
         except KeyError as e:
@@ -256,22 +254,9 @@ def load_target(ckpt: Path, dtype: str):
         _LOADED.clear()  # keep one model resident: sweeps run arch by arch
         model, tokenizer = read_target(ckpt)
         if dtype != "native":
-            cast_model(model, getattr(mx, dtype))
+            fixtures.cast_model(model, getattr(mx, dtype))
         _LOADED[key] = (model, tokenizer)
     return _LOADED[key]
-
-
-def cast_model(model, dtype) -> None:
-    """Cast floating parameters to `dtype`, except those the model keeps in its own
-    precision (mlx-lm's cast_predicate, e.g. Qwen3.5's A_log), as mlx-lm's convert does."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten, tree_unflatten
-
-    keep = getattr(model, "cast_predicate", lambda _: True)
-    params = [(k, v.astype(dtype) if keep(k) and mx.issubdtype(v.dtype, mx.floating) else v)
-              for k, v in tree_flatten(model.parameters())]
-    model.update(tree_unflatten(params))
-    mx.eval(model.parameters())
 
 
 def has_moe(model) -> bool:

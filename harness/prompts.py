@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness import packaged
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from harness.packaged import Packaged
 
 BUILTIN = Path(__file__).parent / "data" / "prompts.jsonl"

@@ -18,10 +18,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from engines.base import DrafterError, Unsupported, get_engine
+from engines.errors import DrafterError, Unsupported
+from engines.registry import get_engine
 from engines.target import Target
-from harness.config import ConfigError, resolve_drafter, validate
+from harness.config import resolve_drafter, validate
 from harness.env import STREAM_PROBE, LoadMeter, blas_warning, environment, stream_rate
+from harness.errors import ConfigError
 from harness.measure import Arms, measure_cell
 from harness.gguf_import import conversion_record
 from harness.models import check_shared_tokenizer, has_moe, load_target, model_context, model_dtype, resolve_model, weight_bytes

@@ -47,13 +47,11 @@ def build(preset: str, dest: Path) -> None:
     import mlx.core as mx
     from mlx_lm.utils import save_config, save_model
 
-    from harness.models import cast_model
-
     spec = PRESETS[preset]
     module = importlib.import_module(f"mlx_lm.models.{spec['model_type']}")
     mx.random.seed(fixtures.SEED)
     model = module.Model(module.ModelArgs.from_dict(dict(spec)))
-    cast_model(model, mx.bfloat16)
+    fixtures.cast_model(model, mx.bfloat16)
     dest.mkdir(parents=True, exist_ok=True)
     fixtures.write_tokenizer(dest)  # ids < 1024 only: a subset of the model's vocabulary
     save_model(dest, model)

@@ -93,10 +93,8 @@ def _target(name: str):
     import mlx.core as mx
     import mlx_lm
 
-    from harness.models import cast_model
-
     model, _ = mlx_lm.load(str(fixtures.fixture_dir(name)))
-    cast_model(model, mx.float32)
+    fixtures.cast_model(model, mx.float32)
     return model
 
 

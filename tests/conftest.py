@@ -45,7 +45,7 @@ def models():
     import mlx.core as mx
     import mlx_lm
 
-    from harness.models import cast_model
+    from harness.fixtures import cast_model
 
     out = {}
     for name in ARCHS:

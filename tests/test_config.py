@@ -2,7 +2,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from harness.__main__ import check_overrides, parse_overrides
-from harness.config import ConfigError, conf_dir, register_configs, validate
+from harness.config import conf_dir, register_configs, validate
+from harness.errors import ConfigError
 from harness.records import canonical_cell, cell_id
 
 

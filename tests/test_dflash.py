@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import mlx.core as mx
 import pytest
 
-from engines.base import DrafterError
 from engines.dflash import DFlashA, DFlashC, DFlashConfig, DFlashDrafter, load_drafter, save_drafter
+from engines.errors import DrafterError
 from engines.target import Target
 from harness import fixtures
 from tests.conftest import ARCHS

@@ -12,8 +12,8 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from engines.base import DrafterError, Unsupported
 from engines.draft_model import DraftModel
+from engines.errors import DrafterError, Unsupported
 from engines.external import MlxLmSpec
 from engines.target import Target
 from harness.fixtures import fixture_dir
@@ -124,7 +124,7 @@ def test_lossless_on_the_real_model_with_a_pruned_copy_as_draft(tmp_path):
     # SmolLM2-135M (the packaged GGUF, float32) drafted by 28 of its own 30 layers, untrained:
     # it agrees often enough to accept runs and disagrees often enough to rewind to every prefix.
     from harness import models
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
     from train.draft_model import DraftModelObjective
 
     try:
@@ -158,7 +158,7 @@ def _renumbered_tokenizer(src, dest):
 
 
 def test_a_draft_model_with_another_tokenizer_of_the_same_size_is_refused(tmp_path):
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
     from harness.models import check_shared_tokenizer, load_target
 
     _, tok = load_target(fixture_dir("llama"), "float32")

@@ -9,8 +9,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-from engines.base import DrafterError
 from engines.eagle3 import Eagle3, load_eagle3
+from engines.errors import DrafterError
 from engines.target import Target
 from engines.tree import _tree_mask_fn, accept_tree_greedy, depths_and_ancestors
 from harness import fixtures

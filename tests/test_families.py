@@ -17,7 +17,7 @@ from engines.hidden import decoder, hidden_size, num_layers
 from engines.ngram import Ngram
 from engines.target import Target
 from harness import fixtures
-from harness.models import cast_model
+from harness.fixtures import cast_model
 from tests.conftest import method_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_cli import REPO, records

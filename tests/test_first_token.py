@@ -7,13 +7,14 @@ the first token's time, and the profile splits that time into prefill and prepar
 
 import pytest
 
+from engines.base import Prefill
 from engines.dflash import DFlashA
 from engines.eagle3 import Eagle3
 from engines.mtp import MTP
 from engines.sampling import Sampler
 from engines.target import Target
 from harness import fixtures
-from harness.loop import Prefill, generate
+from harness.loop import generate
 from harness.measure import run_generation
 from harness.prompts import encode_turn
 from tests.conftest import builtin_prompts

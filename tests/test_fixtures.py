@@ -89,7 +89,7 @@ def test_fixture_weights_are_finite_and_logits_have_clear_margins(models):
 def test_scale_presets_build_on_first_use_with_a_random_dflash_drafter(tmp_path, monkeypatch):
     import json
 
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
     from harness.models import resolve_model
     from harness.scale import dflash_dir
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from engines.base import DrafterError
 from engines.dflash import DFlashConfig, load_drafter
 from engines.eagle3 import LAYER_KEYS, load_eagle3
+from engines.errors import DrafterError
 from engines.mtp import load_mtp
 from harness import fixtures
 from harness.models import TargetError, load_target

@@ -8,7 +8,8 @@ import pytest
 from engines import gemm
 from engines.gemm import grouped_matmul, small_m_linears, small_m_matmul
 from engines.target import Target
-from harness.config import ConfigError, validate
+from harness.config import validate
+from harness.errors import ConfigError
 from tests.test_config import cfg
 
 CUDA = gemm.available()

@@ -26,8 +26,8 @@ from engines.dflash import DFlashA  # noqa: E402
 from engines.ngram import Ngram  # noqa: E402
 from engines.target import Target  # noqa: E402
 from harness import fixtures, gguf_import, models  # noqa: E402
-from harness.config import ConfigError  # noqa: E402
-from harness.models import cast_model  # noqa: E402
+from harness.errors import ConfigError  # noqa: E402
+from harness.fixtures import cast_model  # noqa: E402
 from tests.conftest import method_cfg  # noqa: E402
 from tests.helpers import base_engine, generate_ids  # noqa: E402
 from tests.test_cli import REPO, records  # noqa: E402

@@ -24,7 +24,7 @@ pytest.importorskip("accelerate", reason="transformers' GGUF loader requires acc
 pytest.importorskip("gguf", reason="transformers' GGUF loader reads the file with gguf-py")
 
 from harness import models  # noqa: E402
-from harness.config import ConfigError  # noqa: E402
+from harness.errors import ConfigError  # noqa: E402
 from harness.prompts import load_suite  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "2026-12-01-gguf-check" / "crosscheck.py"

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from harness.bounds import fit_prompt, interpolate, verify_sizes
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from tests.test_cli import QUICK, REPO, harness, records
 
 

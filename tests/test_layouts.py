@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from engines.base import DrafterError
 from engines.dflash import DFlashA, load_drafter
 from engines.eagle3 import Eagle3, load_eagle3
+from engines.errors import DrafterError
 from engines.target import Target
 from engines.torch_bin import read_torch_bin
 from harness import fixtures

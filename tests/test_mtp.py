@@ -8,8 +8,8 @@ import pytest
 from mlx.utils import tree_flatten
 
 import harness.loop as loop
-from engines.base import DrafterError, Unsupported
 from engines.cache import ROLLBACK_STRATEGIES
+from engines.errors import DrafterError, Unsupported
 from engines.mtp import MTP, MTPHead, load_mtp
 from engines.sampling import Sampler
 from engines.target import Target

@@ -226,7 +226,7 @@ def test_a_stream_that_never_ends_costs_seconds_once_its_tokens_are_in(tmp_path)
 
 def test_mlx_lm_server_on_the_real_model_gives_base_tokens_ttft_and_decode_rate(tmp_path):
     from harness import models
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
 
     try:
         ckpt = models.resolve_model("smollm2", "float32")
@@ -251,7 +251,7 @@ def test_llama_cpp_server_with_and_without_prompt_lookup_on_the_real_gguf(tmp_pa
     # Needs the llamacpp extra (it compiles llama.cpp; README "Your engine as an arm").
     pytest.importorskip("llama_cpp.server", reason="the llamacpp extra is not installed")
     from harness import models
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
 
     try:
         gguf = models.named_model_file("smollm2")

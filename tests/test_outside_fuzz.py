@@ -19,11 +19,11 @@ from types import SimpleNamespace
 import pytest
 
 from engines import outside
+from engines.base import Prefill
 from engines.external import ArmReportError
 from engines.outside import OutsideError, ServerArm, SubprocessArm
 from engines.sampling import Sampler
 from harness.fixtures import fixture_dir
-from harness.loop import Prefill
 
 SEED = 20261204
 VOCAB = 1024  # the llama fixture's

@@ -1,7 +1,7 @@
 
 import pytest
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from harness.prompts import load_suite
 from tests.conftest import write_jsonl
 

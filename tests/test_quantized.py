@@ -14,7 +14,7 @@ from engines.hidden import activation_dtype, hidden_size, vocab_size
 from engines.mtp import MTP, load_mtp
 from engines.target import Target
 from harness import fixtures
-from harness.models import cast_model
+from harness.fixtures import cast_model
 from tests.helpers import base_engine, generate_ids
 from tests.test_cli import QUICK, harness, records
 from tests.test_lossless import _units

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from engines.base import get_engine
 from engines.draft_model import DraftModel
+from engines.registry import get_engine
 from engines.target import Target
 from harness import models
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from harness.prompts import load_suite
 from tests.helpers import base_engine, generate_ids
 

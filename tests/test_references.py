@@ -8,8 +8,8 @@ import mlx.core as mx
 import pytest
 
 from engines.autoregressive import Autoregressive
-from engines.base import Unsupported
 from engines.cache import cache_nbytes
+from engines.errors import Unsupported
 from engines.external import DFlashZlab, MlxLm
 from engines.hidden import decoder
 from engines.target import Target

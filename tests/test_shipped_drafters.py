@@ -11,13 +11,13 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from engines.base import DrafterError
+from engines.errors import DrafterError
 from harness.config import shipped_drafter
 KINDS = {"eagle3": "eagle3", "dflash": "dflash_a", "mtp": "mtp", "draft_model": "draft_model"}
 
 
 def _smollm2_installed() -> bool:
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
     from harness.models import named_model_file
 
     try:
@@ -56,7 +56,7 @@ def smollm2():
 def test_each_shipped_drafter_is_found_by_default_and_runs_losslessly_on_smollm2_in_float32(kind, smollm2):
     from types import SimpleNamespace
 
-    from engines.base import get_engine
+    from engines.registry import get_engine
     from engines.target import Target
     from harness.config import resolve_drafter
     from tests.helpers import base_engine, generate_ids

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
+from engines.base import Round
 from harness import stats
 from harness.measure import Generation, _summary, speedup_model
-from harness.loop import Round
 
 # method tok/s 120, 90, 100 and base tok/s 100, 100, 80 over three reps:
 # per-rep ratios 1.2, 0.9, 1.25 -> geometric mean exp(mean(log r)) = exp(0.10003) = 1.10521;

@@ -15,7 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["data.n_prompts=10", "data.batch=5", "data.max_new_tokens=24", "data.eval_rows=2", "train.batch=4",
@@ -275,8 +275,8 @@ def test_many_anchor_block_attention_equals_the_engines_one_anchor_path():
 
 
 def test_quantized_drafters_load_strictly_and_stay_lossless(tmp_path, data_cache):
-    from engines.base import DrafterError
     from engines.dflash import load_drafter
+    from engines.errors import DrafterError
     from harness.models import load_target, resolve_model
     from train.quantize import quantize_drafter
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import mlx.core as mx
 import pytest
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from train import sharegpt
 from train.data import normalise
 

@@ -29,7 +29,9 @@ from pathlib import Path  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from harness.config import ConfigError, check_out_dir, conf_dir  # noqa: E402
+from engines.errors import DrafterError, Unsupported  # noqa: E402
+from harness.config import check_out_dir, conf_dir  # noqa: E402
+from harness.errors import ConfigError  # noqa: E402
 from harness.flags import ONLY_ONE, compose_first_job  # noqa: E402
 from train.config import register, validate  # noqa: E402
 
@@ -160,8 +162,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 def guarded(run, cfg) -> int:
     """run(cfg)'s exit code, with the benchmark's codes for what goes wrong: 2 bad input (one
     line), 3 a failure while training (its traceback, then one line), 130 interrupted."""
-    from engines.base import DrafterError, Unsupported
-    from harness.models import TargetError
+    from harness.models import TargetError  # harness.models imports MLX, which this module leaves to the run
 
     try:
         return run(cfg)

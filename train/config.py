@@ -8,7 +8,8 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from harness.config import ArchConfig, ConfigError
+from harness.config import ArchConfig
+from harness.errors import ConfigError
 
 KINDS = ("eagle3", "dflash", "mtp", "draft_model")
 

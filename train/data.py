@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness import packaged
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from train import batch_decode, sharegpt
 
 SENTINEL = "\u2063MAGPIE\u2063"  # a user message no template alters, to find where the message starts

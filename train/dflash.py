@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from engines.dflash import DFlashConfig, DFlashDrafter, load_drafter, save_drafter
 from engines.hidden import embed, lm_head
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from train.objective import Objective, pad, weighted_mean
 
 

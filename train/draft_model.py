@@ -21,7 +21,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from engines import shared_weights
-from engines.base import Unsupported
+from engines.errors import Unsupported
 from engines.hidden import decoder
 from engines.mtp import DENSE
 from train.objective import Objective, pad, shift, soft_ce, weighted_mean

@@ -25,7 +25,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 
 KEEP = 2  # checkpoints kept
 

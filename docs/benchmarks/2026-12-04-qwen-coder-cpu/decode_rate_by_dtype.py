@@ -1,6 +1,6 @@
 from harness import blas; blas.select()
 import time, mlx.core as mx, mlx.nn as nn
-from harness import models
+from harness import fixtures, models
 from harness.env import environment
 from mlx_lm.models.cache import make_prompt_cache
 ck=models.resolve_model("qwen2.5-coder-1.5b","float32")
@@ -15,7 +15,7 @@ def rate(m, n=24):
 for dt in ["float32","bfloat16","float16","q8","q4"]:
     m,_=models.read_target(ck)
     if dt.startswith("q"): nn.quantize(m, group_size=64, bits=int(dt[1]))
-    else: models.cast_model(m, getattr(mx, dt))
+    else: fixtures.cast_model(m, getattr(mx, dt))
     mx.eval(m.parameters())
     print(dt, f"{rate(m):.2f} tok/s", flush=True)
     del m

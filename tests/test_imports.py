@@ -1,0 +1,174 @@
+"""The project's import graph, read from source with `ast` (nothing is imported).
+
+Floors, lowest first: engines/ (token ids in, token ids out), then harness/, train/ and
+report/ above it. A lower floor never imports a higher one, and no module imports itself
+back through others, not even through an import inside a function: such an import only
+hides the circle until the function runs. Imports inside functions stay for what they are
+for, keeping MLX and other heavy libraries out of a module's import (`python -m tests.test_imports`
+lists them with their count, which issue 33 tracks).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+UPPER = ("harness", "report", "train")  # the floors above engines/
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the project module it imports
+    names: tuple[str, ...]  # what `from target import ...` takes from it (empty for `import target`)
+    line: int
+    top: bool  # True: runs when `source` is imported; False: inside a function, when that runs
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Dotted name -> file of every module of the packages at `root` (each directory with an __init__.py)."""
+    out = {}
+    for init in root.glob("*/__init__.py"):
+        for path in init.parent.rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _project_module(name: str, known: dict[str, Path]) -> str | None:
+    # `import a.b.c` and `from a.b import c` load the longest prefix that is a module of ours.
+    parts = name.split(".")
+    return next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in known), None)
+
+
+def _statements(tree: ast.AST, top: bool = True):
+    """(statement, top) for every import statement, top False once inside a function."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, top
+        inner = top and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        yield from _statements(node, inner)
+
+
+def _absolute(node: ast.ImportFrom, name: str, path: Path) -> str:
+    """The module `from ... import` names, with a relative one (level dots) made absolute."""
+    if not node.level:
+        return node.module
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    return ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> list[Import]:
+    out = []
+    for node, top in _statements(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [(_project_module(a.name, known), ()) for a in node.names]
+        else:
+            base = _absolute(node, name, path)
+            subs = [a.name for a in node.names if f"{base}.{a.name}" in known]
+            targets = [(f"{base}.{s}", ()) for s in subs]
+            taken = tuple(a.name for a in node.names if a.name not in subs)
+            if taken and _project_module(base, known):
+                targets.append((_project_module(base, known), taken))
+        out += [Import(name, t, names, node.lineno, top) for t, names in targets if t and t != name]
+    return out
+
+
+def import_graph(root: Path = REPO) -> list[Import]:
+    known = modules(root)
+    return [imp for name, path in sorted(known.items()) for imp in imports_of(name, path, known)]
+
+
+def cycles(imports: list[Import]) -> list[tuple[str, ...]]:
+    """The modules of each import circle (each strongly connected group of two or more)."""
+    graph = defaultdict(set)
+    for imp in imports:
+        graph[imp.source].add(imp.target)
+    reach = {m: _reachable(graph, m) for m in list(graph)}
+    return sorted({tuple(sorted(w for w in reach[m] if m in reach.get(w, ()))) for m in reach if m in reach[m]})
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for t in graph.get(todo.pop(), ()):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+def defined_at_top(path: Path) -> set[str]:
+    """Names a module binds when imported (defs, classes, assignments, imports), for `from m import name`."""
+    names, todo = set(), list(ast.parse(path.read_text()).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For)):
+            todo += [n for field in ("body", "orelse", "finalbody", "handlers") for n in getattr(node, field, [])]
+        elif isinstance(node, ast.ExceptHandler):
+            todo += node.body
+    return names
+
+
+def _where(imp: Import, known: dict[str, Path]) -> str:
+    return f"{known[imp.source].relative_to(REPO)}:{imp.line}"
+
+
+def test_no_import_cycle_among_module_level_imports():
+    found = cycles([imp for imp in import_graph() if imp.top])
+    assert not found, f"module-level import cycles (each line: the modules of one circle): {found}"
+
+
+def test_no_import_cycle_even_through_imports_inside_functions():
+    found = cycles(import_graph())
+    assert not found, (f"import cycles once imports inside functions count: {found}; move what both sides need "
+                       "into a module below them (errors into harness/errors.py or engines/errors.py)")
+
+
+def test_engines_import_nothing_from_harness_report_or_train():
+    known = modules(REPO)
+    up = [f"{_where(imp, known)} imports {imp.target}" for imp in import_graph()
+          if imp.source.split(".")[0] == "engines" and imp.target.split(".")[0] in UPPER]
+    assert not up, f"engines/ must not reach up into {', '.join(UPPER)}: {up}"
+
+
+def test_every_import_of_a_project_module_names_what_that_module_defines():
+    # An import inside a function fails only when the function runs: a name that moved (an
+    # error class, an event) must not leave one behind. Also counts those imports.
+    known = modules(REPO)
+    graph = import_graph()
+    stale = [f"{_where(imp, known)}: {imp.target} has no {n}" for imp in graph
+             for n in imp.names if n != "*" and n not in defined_at_top(known[imp.target])]
+    print(f"function-level imports of project modules: {sum(not imp.top for imp in graph)}")
+    assert not stale, stale
+
+
+def test_the_checks_catch_a_planted_cycle_an_upward_import_and_a_stale_name(tmp_path):
+    files = {"engines/__init__.py": "", "engines/a.py": "def f():\n    from harness.b import g\n",
+             "harness/__init__.py": "", "harness/b.py": "from harness.c import x\ng = 1\n",
+             "harness/c.py": "from harness import b\nx = 1\n", "harness/d.py": "def f():\n    from harness.c import gone\n"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    graph = import_graph(tmp_path)
+    assert cycles([imp for imp in graph if imp.top]) == [("harness.b", "harness.c")]
+    assert [(imp.source, imp.target, imp.top) for imp in graph if imp.source == "engines.a"] == \
+        [("engines.a", "harness.b", False)]
+    assert "gone" not in defined_at_top(tmp_path / "harness/c.py") and "x" in defined_at_top(tmp_path / "harness/c.py")
+
+
+if __name__ == "__main__":
+    lazy = [imp for imp in import_graph() if not imp.top]
+    for imp in lazy:
+        print(f"{_where(imp, modules(REPO))}: {imp.target}")
+    print(f"function-level imports of project modules: {len(lazy)}")
