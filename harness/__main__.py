@@ -3,7 +3,7 @@
 Overrides are checked against the config groups and the schema before Hydra runs,
 and the config is composed once (types, grammar, out_dir) before any job starts, so a typo
 or an unusable out_dir gets one line naming the problem and the fix (exit 2) instead of
-Hydra's traceback. Exit codes: harness/run.py EXIT_CODES (README "Exit codes").
+Hydra's traceback. Exit codes: harness/run.py EXIT_CODES (docs/exit-codes.md).
 """
 
 from __future__ import annotations

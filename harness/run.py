@@ -4,7 +4,7 @@ Bad input raises ConfigError before anything is written. Once the input is valid
 every outcome is recorded: `ok`, `unsupported` (this method/model/backend
 combination cannot run, with the reason) or `error` (with the exception), and a
 sweep goes on to the next cell. Each outcome is also kept in OUTCOMES, from which
-the command's exit code is made (EXIT_CODES; README "Exit codes").
+the command's exit code is made (EXIT_CODES; docs/exit-codes.md).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ prompts get high n-gram acceptance, open-ended ones low; random weights would gi
 near-zero acceptance everywhere and make every speculative method look alike.
 
 Training is seeded; the shipped bytes are the reference (another BLAS would round
-differently). Training is fast with OpenBLAS preloaded (README, "Speed on Linux
+differently). Training is fast with OpenBLAS preloaded (docs/cpu-gpu.md, "Speed on Linux
 CPUs"): about 20 minutes for all four fixtures on 2 cores.
 """
 

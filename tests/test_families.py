@@ -124,6 +124,6 @@ def test_gemma4_original_checkpoint_runs_eagle3_and_refuses_q8_kv_in_a_record(fa
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "harness", "arch=gemma4", f"arch.model={path}", "kv=q8", "bench=smoke",
                         "bench.max_prompts=1", f"out_dir={out}"], cwd=REPO, capture_output=True, text=True)
-    assert r.returncode == 4, r.stderr  # a single unsupported cell (README "Exit codes")
+    assert r.returncode == 4, r.stderr  # a single unsupported cell (docs/exit-codes.md)
     (rec,) = records(out).values()
     assert rec["status"] == "unsupported" and "share KV" in rec["reason"]

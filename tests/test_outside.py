@@ -248,7 +248,7 @@ def test_mlx_lm_server_on_the_real_model_gives_base_tokens_ttft_and_decode_rate(
 
 
 def test_llama_cpp_server_with_and_without_prompt_lookup_on_the_real_gguf(tmp_path):
-    # Needs the llamacpp extra (it compiles llama.cpp; README "Your engine as an arm").
+    # Needs the llamacpp extra (it compiles llama.cpp; docs/outside-engines.md).
     pytest.importorskip("llama_cpp.server", reason="the llamacpp extra is not installed")
     from harness import models
     from harness.errors import ConfigError
