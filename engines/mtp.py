@@ -12,7 +12,7 @@ the embedding of token t+1 (the layout of vLLM's qwen3_next_mtp):
 K > 1 chains the same layer: h' and the drafted token feed the next step.
 
 Dense full-attention targets (llama, qwen2, qwen3, mistral families) take the same head
-with their own decoder layer class: the form `python -m harness.train train=mtp` writes
+with their own decoder layer class: the form `python -m train train=mtp` writes
 for them, as a drafter directory holding only the mtp.* tensors.
 
 One round, with the MTP cache covering the positions whose target hidden states it

@@ -229,7 +229,7 @@ DEFAULT_FIXTURE_DRAFT_MODEL = "fixture:llama"  # every fixture shares one tokeni
 
 def shipped_drafter(model: str, kind: str) -> Path | None:
     """The drafter trained for a named real model that ships in harness/data/drafters/<model>/<kind>
-    (python -m harness.train; its training.json says how), or None."""
+    (python -m train; its training.json says how), or None."""
     path = Path(__file__).resolve().parent / "data" / "drafters" / model / kind
     return path if (path / "config.json").is_file() else None
 

@@ -1,5 +1,5 @@
 """Hydra's own command-line flags, told apart from overrides: both apps (`python -m harness`,
-`python -m harness.train`) check their overrides before Hydra runs, and a flag's value
+`python -m train`) check their overrides before Hydra runs, and a flag's value
 (`--cfg job`) must never be read as one."""
 
 from __future__ import annotations

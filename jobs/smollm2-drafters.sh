@@ -60,8 +60,8 @@ gguf() {  # the packaged file, under its own name (the converted checkpoint's ca
   fi
 }
 
-trainer() {  # python -m harness.train with the job's target and data settings
-  python -m harness.train arch=smollm2 "arch.model=$(gguf)" "arch.dtype=$DTYPE" data.prompts=sharegpt \
+trainer() {  # python -m train with the job's target and data settings
+  python -m train arch=smollm2 "arch.model=$(gguf)" "arch.dtype=$DTYPE" data.prompts=sharegpt \
     "data.cache_dir=$W/data" "${DATA[@]}" "$@"
 }
 

@@ -224,7 +224,7 @@ FLAGS = [  # each of Hydra's command-line flags, as a user of any Hydra app type
     (["--help"], "powered by Hydra"),
     (["--hydra-help"], "Hydra (1."),
 ]
-APPS = {"harness": "method", "harness.train": "train"}  # each app and the group its example override sets
+APPS = {"harness": "method", "train": "train"}  # each app and the group its example override sets
 
 
 @pytest.mark.parametrize("app", list(APPS))
@@ -233,7 +233,7 @@ def test_hydras_own_flags_and_their_values_are_not_read_as_overrides(app, flags,
     from harness.flags import override_args
 
     flags = [f.format(method=APPS[app]) for f in flags]
-    if app == "harness.train":  # its option is dflash, the benchmark's dflash_a
+    if app == "train":  # its option is dflash, the benchmark's dflash_a
         flags = [f.replace("=dflash_a", "=dflash") for f in flags]
     assert override_args(flags) == [a for a in flags if a.startswith(APPS[app] + "=")]
     r = subprocess.run([sys.executable, "-m", app, *flags], cwd=REPO, capture_output=True, text=True, timeout=300,

@@ -1,4 +1,4 @@
-"""Drafter training (train/, `python -m harness.train`): each objective lowers its loss on a
+"""Drafter training (train/, `python -m train`): each objective lowers its loss on a
 fixture target, the drafter it writes loads through the engine's strict loader and runs
 losslessly, a stopped or killed run resumes, and training prompts never overlap evaluation."""
 
@@ -46,7 +46,7 @@ def _lossless_cell(arch: str, kind: str, drafter: Path, out: Path) -> dict:
 @pytest.mark.parametrize("kind", ["eagle3", "dflash", "mtp"])
 def test_training_lowers_the_loss_and_the_drafter_runs_losslessly(arch, kind, tmp_path, data_cache):
     out = tmp_path / kind
-    r = run("harness.train", f"train={kind}", f"arch={arch}", f"out={out}", f"data.cache_dir={data_cache / arch}",
+    r = run("train", f"train={kind}", f"arch={arch}", f"out={out}", f"data.cache_dir={data_cache / arch}",
             "train.steps=30", *SMALL)
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads((out / "training.json").read_text())
@@ -62,7 +62,7 @@ def test_a_draft_model_is_a_shallow_distilled_copy_that_loads_on_its_own(tmp_pat
     import mlx_lm
 
     out = tmp_path / "dm"
-    r = run("harness.train", "train=draft_model", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'llama'}",
+    r = run("train", "train=draft_model", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'llama'}",
             "train.steps=30", "train.num_layers=2", "train.share_embedding=false", *SMALL)
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads((out / "training.json").read_text())
@@ -73,7 +73,7 @@ def test_a_draft_model_is_a_shallow_distilled_copy_that_loads_on_its_own(tmp_pat
     assert len(model.model.layers) == 2 and tok.encode("hello") == tok.encode("hello")
     cell = _lossless_cell("llama", "draft_model", out, tmp_path / "cell")
     assert cell["status"] == "ok" and cell["summary"]["diverged_prompts"] == 0, cell.get("reason")
-    r = run("harness.train", "train=draft_model", "arch=qwen35", f"out={tmp_path / 'q'}",
+    r = run("train", "train=draft_model", "arch=qwen35", f"out={tmp_path / 'q'}",
             f"data.cache_dir={data_cache / 'qwen35'}", "train.steps=2", *SMALL)
     assert r.returncode == 2 and "shallow copy of a dense target" in r.stderr, r.stderr[-2000:]
 
@@ -84,7 +84,7 @@ def test_eagle3_draft_vocabulary_is_the_most_frequent_answer_tokens_and_round_tr
     from train.eagle3 import draft_vocab
 
     out = tmp_path / "e3"
-    r = run("harness.train", "train=eagle3", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'llama'}",
+    r = run("train", "train=eagle3", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'llama'}",
             "train.steps=2", *SMALL)
     assert r.returncode == 0, r.stderr[-3000:]
     model, _ = load_target(resolve_model("fixture:llama"), "float32")
@@ -103,11 +103,11 @@ def test_eagle3_draft_vocabulary_is_the_most_frequent_answer_tokens_and_round_tr
 def test_a_stopped_run_resumes_to_bitwise_the_same_weights(tmp_path, data_cache):
     common = ["train=dflash", "arch=llama", f"data.cache_dir={data_cache / 'llama'}", "train.steps=16",
               "train.ckpt_every_steps=4", "train.export=last", *SMALL]  # DFlash: the anchors are random draws, replayed by step
-    assert run("harness.train", *common, f"out={tmp_path / 'a'}").returncode == 0
-    first = run("harness.train", *common, f"out={tmp_path / 'b'}", "train.stop_after=8")
+    assert run("train", *common, f"out={tmp_path / 'a'}").returncode == 0
+    first = run("train", *common, f"out={tmp_path / 'b'}", "train.stop_after=8")
     assert first.returncode == 0 and "stopped at step 8/16" in first.stderr, first.stderr[-2000:]
     assert json.loads((tmp_path / "b" / "training.json").read_text())["complete"] is False  # the step-8 drafter
-    second = run("harness.train", *common, f"out={tmp_path / 'b'}")
+    second = run("train", *common, f"out={tmp_path / 'b'}")
     assert second.returncode == 0 and "resumed from" in second.stderr and "(step 8," in second.stderr
     a, b = mx.load(str(tmp_path / "a" / "model.safetensors")), mx.load(str(tmp_path / "b" / "model.safetensors"))
     assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
@@ -118,7 +118,7 @@ def test_a_stopped_run_resumes_to_bitwise_the_same_weights(tmp_path, data_cache)
 def test_the_exported_drafter_is_the_step_of_the_lowest_held_out_loss(tmp_path, data_cache):
     common = ["train=eagle3", "arch=llama", f"data.cache_dir={data_cache / 'llama'}", *SMALL, "train.eval_every=2",
               "train.lr=1.0", "train.steps=100"]  # a rate so high the held-out loss climbs after its first falls
-    r = run("harness.train", *common, "train.stop_after=12", f"out={tmp_path / 'best'}")
+    r = run("train", *common, "train.stop_after=12", f"out={tmp_path / 'best'}")
     assert r.returncode == 0, r.stderr[-2000:]
     rec = json.loads((tmp_path / "best" / "training.json").read_text())
     evals = [h for h in rec["history"] if h["split"] == "eval"]
@@ -126,7 +126,7 @@ def test_the_exported_drafter_is_the_step_of_the_lowest_held_out_loss(tmp_path, 
     assert best["step"] < 12, [h["loss"] for h in evals]  # otherwise best and last coincide and nothing is tested
     assert rec["exported_step"] == best["step"] and rec["exported_eval"]["loss"] == round(best["loss"], 5)
     # the same run stopped at that step and exported as it stands holds the same weights
-    r = run("harness.train", *common, f"train.stop_after={best['step']}", "train.export=last", f"out={tmp_path / 'last'}")
+    r = run("train", *common, f"train.stop_after={best['step']}", "train.export=last", f"out={tmp_path / 'last'}")
     assert r.returncode == 0, r.stderr[-2000:]
     a, b = (mx.load(str(tmp_path / d / "model.safetensors")) for d in ("best", "last"))
     assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
@@ -136,7 +136,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, data_cache):
     out = tmp_path / "k"
     args = ["train=mtp", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'llama'}", "train.steps=2000",
             "train.ckpt_every_steps=3", *SMALL]
-    proc = subprocess.Popen([sys.executable, "-m", "harness.train", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "train", *args], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
     deadline = time.time() + 300
     while time.time() < deadline and not list((out / "ckpt").glob("step-0000006")):
@@ -145,7 +145,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, data_cache):
     proc.wait()
     done = sorted(int(p.name.split("-")[1]) for p in (out / "ckpt").glob("step-*"))
     assert done and done[-1] >= 6
-    again = run("harness.train", *args, f"train.stop_after={done[-1] + 3}")
+    again = run("train", *args, f"train.stop_after={done[-1] + 3}")
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"(step {done[-1]}," in again.stderr and f"stopped at step {done[-1] + 3}/2000" in again.stderr
 
@@ -166,12 +166,12 @@ def test_every_evaluation_prompt_is_refused_as_a_training_prompt(tmp_path):
     prompts = tmp_path / "p.jsonl"
     for suite in ("mtbench", "gsm8k"):  # a question pasted into the training prompts
         prompts.write_text(json.dumps({"prompt": "Tell me a story."}) + "\n" + json.dumps({"turns": [texts[suite][0]]}))
-        r = run("harness.train", "train=mtp", "arch=llama", f"out={tmp_path / suite}", f"data.prompts={prompts}",
+        r = run("train", "train=mtp", "arch=llama", f"out={tmp_path / suite}", f"data.prompts={prompts}",
                 "data.n_prompts=2", "data.eval_rows=1")
         assert r.returncode == 2 and f"overlaps the {suite} evaluation suite" in r.stderr, r.stderr[-2000:]
         assert not (tmp_path / suite / "data").exists()  # refused before any answer, and no cache left behind
     prompts.write_text(json.dumps({"prompt": "Tell me a story."}) + "\n" + json.dumps({"prompt": "Name three rivers."}))
-    r = run("harness.train", "train=mtp", "arch=llama", f"out={tmp_path / 'gsm8k'}", f"data.prompts={prompts}",
+    r = run("train", "train=mtp", "arch=llama", f"out={tmp_path / 'gsm8k'}", f"data.prompts={prompts}",
             "data.n_prompts=2", "data.eval_rows=1", "data.stop_after=prompts")
     assert r.returncode == 0, r.stderr[-2000:]  # the corrected rerun is not blocked by the refused run's cache
 
@@ -217,11 +217,11 @@ def test_magpie_stops_when_rounds_add_nothing(tmp_path):
 
 
 def test_bad_training_settings_are_one_line_errors(tmp_path):
-    r = run("harness.train", "train=eagle3", "arch=llama", f"out={tmp_path}", "train.steps=0")
+    r = run("train", "train=eagle3", "arch=llama", f"out={tmp_path}", "train.steps=0")
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == "error: train.steps=0 must be > 0"
-    r = run("harness.train", "train=medusa", "arch=llama", f"out={tmp_path}")
+    r = run("train", "train=medusa", "arch=llama", f"out={tmp_path}")
     assert r.returncode == 2 and "medusa" in r.stderr and "Traceback" not in r.stderr
-    r = run("harness.train", "train=mtp", "arch=llama", f"out={tmp_path}", f"data.prompts={tmp_path / 'none.txt'}")
+    r = run("train", "train=mtp", "arch=llama", f"out={tmp_path}", f"data.prompts={tmp_path / 'none.txt'}")
     assert r.returncode == 2 and "is not a file" in r.stderr
 
 
@@ -281,7 +281,7 @@ def test_quantized_drafters_load_strictly_and_stay_lossless(tmp_path, data_cache
     from train.quantize import quantize_drafter
 
     src = tmp_path / "d"
-    assert run("harness.train", "train=dflash", "arch=llama", f"out={src}", f"data.cache_dir={data_cache / 'llama'}",
+    assert run("train", "train=dflash", "arch=llama", f"out={src}", f"data.cache_dir={data_cache / 'llama'}",
                "train.steps=2", *SMALL).returncode == 0
     counts = quantize_drafter(src, tmp_path / "q", bits=8, group_size=32)
     assert counts["packed"] >= 6
@@ -310,7 +310,7 @@ def test_zlab_reference_runs_a_trained_dflash_drafter_with_the_same_tokens_and_d
 
     out = tmp_path / "d"
     more = ["data.n_prompts=60", "data.batch=30", "data.max_new_tokens=48", "train.num_anchors=16"]  # a drafter that drafts
-    assert run("harness.train", "train=dflash", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'zlab'}",
+    assert run("train", "train=dflash", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'zlab'}",
                "train.steps=150", "train.export=last", *SMALL, *more).returncode == 0
     model, tok = models["llama"]
     cfg = SimpleNamespace(block_size=None, drafter=str(out), verify="batched")
@@ -356,7 +356,7 @@ def test_dflash_blocks_see_answer_anchors_with_data_token_labels(models):
     (["train=eagle3", "train.aux_layer_ids=[-1,1,2]"], "[-1] not among the target's layers"),
 ])
 def test_impossible_ids_for_training_are_one_line_not_a_crash(args, said, tmp_path, data_cache):
-    r = run("harness.train", *args, "arch=llama", f"out={tmp_path / 'o'}", f"data.cache_dir={data_cache / 'llama'}",
+    r = run("train", *args, "arch=llama", f"out={tmp_path / 'o'}", f"data.cache_dir={data_cache / 'llama'}",
             "train.steps=2", *SMALL)
     assert r.returncode == 2, r.stderr[-2000:]  # was a segfault (exit 139) for the mask id
     assert said in r.stderr.strip().splitlines()[-1]
@@ -365,7 +365,7 @@ def test_impossible_ids_for_training_are_one_line_not_a_crash(args, said, tmp_pa
 @pytest.mark.parametrize("where", ["a_file", "a_file/under_it"])
 def test_training_into_an_out_that_cannot_hold_it_is_one_line(tmp_path, where):
     (tmp_path / "a_file").write_text("not a folder")
-    r = run("harness.train", "train=mtp", "arch=llama", f"out={tmp_path / where}", "train.steps=2", *SMALL)
+    r = run("train", "train=mtp", "arch=llama", f"out={tmp_path / where}", "train.steps=2", *SMALL)
     assert r.returncode == 2, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
     assert lines[-1].startswith("error: out=") and "pass a writable directory, e.g. out=drafters/mine" in lines[-1]
@@ -385,8 +385,8 @@ def test_two_trainings_into_one_out_are_refused_while_the_first_holds_it(tmp_pat
 def test_resuming_into_a_checkpoint_of_another_drafter_shape_is_one_line(tmp_path, data_cache):
     common = ["train=eagle3", "arch=llama", f"data.cache_dir={data_cache / 'llama'}", f"out={tmp_path / 'o'}",
               "train.ckpt_every_steps=2", *SMALL]
-    assert run("harness.train", *common, "train.steps=2").returncode == 0
-    r = run("harness.train", *[c for c in common if "intermediate_size" not in c], "train.intermediate_size=96",
+    assert run("train", *common, "train.steps=2").returncode == 0
+    r = run("train", *[c for c in common if "intermediate_size" not in c], "train.intermediate_size=96",
             "train.steps=4")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "checkpoint of another drafter shape" in r.stderr.strip().splitlines()[-1]

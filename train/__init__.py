@@ -1,4 +1,4 @@
-"""Drafter training: `python -m harness.train train=eagle3|dflash|mtp|draft_model arch.model=...`.
+"""Drafter training: `python -m train train=eagle3|dflash|mtp|draft_model arch.model=...`.
 
 Self-distilled data (train/data.py: the target's own answers to a prompt file or to
 instructions it writes itself), one objective per method over the engines' own modules

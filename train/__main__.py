@@ -1,4 +1,4 @@
-"""`python -m harness.train train=eagle3|dflash|mtp|draft_model arch.model=<target> [overrides]`.
+"""`python -m train train=eagle3|dflash|mtp|draft_model arch.model=<target> [overrides]`.
 
 Loads the target, builds (or reuses) the self-distilled data, trains the drafter with
 checkpoints (a rerun of the same command resumes), and writes to `out`, at the end or

@@ -3,7 +3,7 @@
 `python -m train.pack CACHE FILE.npz` packs a data cache (train/data.py's layout): every
 shard's prompt and answer ids, the prompts' text (the contamination check reads it) and the
 manifest. `python -m train.pack --unpack FILE.npz CACHE` writes the same cache back, shard
-for shard, so `python -m harness.train ... data.cache_dir=CACHE` trains on it without
+for shard, so `python -m train ... data.cache_dir=CACHE` trains on it without
 generating anything (its manifest must match the run's settings, as for any cache). Ids are
 stored as the narrowest unsigned integer that holds the vocabulary, in one flat array with
 offsets; the unpacked shards are byte-identical to the packed ones.
