@@ -8,15 +8,14 @@
 #   bash jobs/smollm2-drafters.sh measure   # device: every method on bench=real_full -> $OUT/records.tgz
 #   TINY=1 bash jobs/smollm2-drafters.sh all   # CPU: the whole job end to end with tiny settings
 #
-# Device calls on a fresh machine (../shared/gpu/README.md; each within 30 s of the last). With the
-# tracked tree at 45 MB a call carries at most ~21.7 MB more (64 MiB in all): run 4 split libmlx in
-# four (.gpu/a, .gpu/b, .gpu/p2, .gpu/p3, each with stash.sh; .gpu/c's activate.sh joins
-# /root/stash/libmlx.part0[0-3]) and the GGUF in 20 MiB parts (split-big.sh ... smollm2.gguf 20):
-#   1-4 bash .gpu/X/stash.sh                                   carry .gpu/X  (a, b, p2, p3)
-#   5-9 bash .gpu/big-smollm2.gguf-0N/stash.sh                 carry that part
-#   10  source .gpu/c/activate.sh && bash jobs/smollm2-drafters.sh data train     carry .gpu/c .gpu/job
-#   11  source .gpu/env/activate.sh && bash jobs/smollm2-drafters.sh measure      carry .gpu/env
-# Nine stash calls cost ~30 s of device time on a warm machine. DEQ=1 measures dequantized copies
+# Device calls on a fresh machine (../shared/gpu/README.md; each within 30 s of the last). The tracked
+# tree is ~49 MB and a call carries 64 MiB in all, so after `stage`, `bash jobs/restage.sh` cuts libmlx
+# into 14 MB parts (.gpu/big-libmlx.so.xz-0[0-4]); `stage` cut the GGUF into 16 MiB parts
+# (.gpu/big-smollm2.gguf-0[0-5]). Run 5's calls:
+#   1-11 bash .gpu/big-<name>-NN/stash.sh                       carry that part (each alone)
+#   12   source .gpu/c/activate.sh && bash jobs/smollm2-drafters.sh data train   carry .gpu/c .gpu/job
+#   13   source .gpu/env/activate.sh && bash jobs/smollm2-drafters.sh measure     carry .gpu/env
+# Eleven stash calls cost ~35 s of device time on a warm machine. DEQ=1 measures dequantized copies
 # of the drafters (run 4's check of MLX's per-shape CUDA JIT of quantized matmuls).
 # Every artifact goes to $OUT in the step that makes it (one file per drafter, each < 16 MiB):
 # the machine, and everything on it, goes back 30 s after a call returns.
