@@ -72,7 +72,8 @@ class Child:
             self._log.close()
             raise OutsideError(f"could not start `{command}`: {e}") from None
         self.tail: deque = deque(maxlen=STDERR_TAIL)
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._stderr = threading.Thread(target=self._read_stderr, daemon=True)
+        self._stderr.start()
 
     def _read_stderr(self):
         for line in self.proc.stderr:
@@ -84,6 +85,8 @@ class Child:
         return f"`{self.command}`"
 
     def log_tail(self) -> str:
+        if self.proc.poll() is not None:  # it has exited: its last lines may still be in the reader's hands
+            self._stderr.join(timeout=2)
         return ("; its log ends: " + " | ".join(list(self.tail)[-8:])) if self.tail else ""
 
     def close(self, kill: bool = False) -> None:
