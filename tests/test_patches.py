@@ -1,13 +1,16 @@
-"""Library patches in engines/patches.py leave the library as they found it.
+"""Library patches live in engines/patches.py only, and each one leaves the library as it found it.
 
-Every context manager there puts back the very objects it replaced, on a clean exit and when
-the block raises.
+Two claims: every context manager there puts back the very objects it replaced, on a clean
+exit and when the block raises; and no other module of engines/, harness/ or train/ assigns
+to a library module or class (read from source with `ast`, nothing imported).
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
 from contextlib import nullcontext
+from pathlib import Path
 from types import ModuleType
 
 import mlx.nn as nn
@@ -17,6 +20,11 @@ import mlx_lm.models.qwen3_5 as qwen3_5
 import pytest
 
 from engines import patches
+
+REPO = Path(__file__).resolve().parents[1]
+LIBRARIES = ("mlx", "mlx_lm", "dflash")  # what the harness measures and must not edit in place
+SCANNED = ("engines", "harness", "train")
+HOME = Path("engines/patches.py")
 
 
 # ---------------------------------------------------------------- every manager restores
@@ -134,3 +142,127 @@ def test_a_manager_restores_every_owner_when_a_wrap_raises_half_way():
         with patches.attention_function([llama, qwen3], wrap):
             pass
     assert _same([llama.scaled_dot_product_attention, qwen3.scaled_dot_product_attention], before)
+
+
+# ---------------------------------------------------------------- no patch outside engines/patches.py
+
+def _library_names(tree: ast.AST) -> dict[str, str]:
+    """Local name -> dotted library object, for every import of a library anywhere in a file
+    (`import mlx.nn as nn`: nn -> mlx.nn; `from mlx_lm.models.cache import KVCache`: KVCache ->
+    mlx_lm.models.cache.KVCache)."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in LIBRARIES:
+                    out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] in LIBRARIES:
+            for a in node.names:
+                out[a.asname or a.name] = f"{node.module}.{a.name}"
+    return out
+
+
+def _resolve(node: ast.AST, names: dict[str, str]) -> str | None:
+    """The library object an expression names (nn.Linear -> mlx.nn.Linear), or None."""
+    if isinstance(node, ast.Name):
+        return names.get(node.id)
+    if isinstance(node, ast.Attribute):
+        owner = _resolve(node.value, names)
+        return f"{owner}.{node.attr}" if owner else None
+    return None
+
+
+def swapped_names(home: Path = REPO / HOME) -> set[str]:
+    """The attribute names engines/patches.py swaps (the second argument of each `_swapped` call)."""
+    return {c.args[1].value for c in ast.walk(ast.parse(home.read_text())) if isinstance(c, ast.Call)
+            and isinstance(c.func, ast.Name) and c.func.id == "_swapped" and len(c.args) > 1
+            and isinstance(c.args[1], ast.Constant)}
+
+
+def _stores(tree: ast.AST):
+    """(owner expression, attribute name, line) of every attribute assignment or deletion, and
+    of every setattr/delattr call with a literal name."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            yield node.value, node.attr, node.lineno  # Assign, AugAssign, AnnAssign, for-targets, del
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr")
+              and len(node.args) >= 2):
+            name = node.args[1].value if isinstance(node.args[1], ast.Constant) else "<computed>"
+            yield node.args[0], name, node.lineno
+
+
+def library_patches(path: Path, swapped: set[str]) -> list[str]:
+    """'line: what' for each assignment in `path` that edits a library in place: to an attribute
+    of a library module or class (resolved through the file's imports), or of anything but
+    `self` under a name engines/patches.py swaps (the owner of those is found at run time:
+    sys.modules, a model's layers)."""
+    tree = ast.parse(path.read_text(), str(path))
+    names = _library_names(tree)
+    out = []
+    for owner, attr, line in sorted(_stores(tree), key=lambda store: store[2]):
+        lib = _resolve(owner, names)
+        mine = isinstance(owner, ast.Name) and owner.id == "self"
+        if lib is not None:
+            out.append(f"{line}: {lib}.{attr}")
+        elif attr in swapped and not mine:
+            out.append(f"{line}: {ast.unparse(owner)}.{attr} (a name engines/patches.py swaps)")
+    return out
+
+
+def scan(root: Path = REPO, swapped: set[str] | None = None) -> list[str]:
+    swapped = swapped_names() if swapped is None else swapped
+    return [f"{path.relative_to(root)}:{hit}" for top in SCANNED for path in sorted((root / top).rglob("*.py"))
+            if path.relative_to(root) != HOME for hit in library_patches(path, swapped)]
+
+
+def test_no_module_but_engines_patches_assigns_to_a_library_module_or_class():
+    found = scan()
+    assert not found, (f"library code patched outside engines/patches.py: {found}; add a context manager "
+                       "there (with a docstring: what it replaces, why, what it restores) and call it")
+
+
+def test_patches_swaps_the_names_the_check_watches():
+    assert swapped_names() == {"__call__", "scaled_dot_product_attention", "create_attention_mask", "rope",
+                               "gated_delta_update", "conv1d", "make_prompt_cache", "snapshot_download"}
+
+
+def test_the_check_catches_planted_patches_and_spares_the_project_own_attributes(tmp_path):
+    planted = '''
+import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm.models.llama as llama
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models import gated_delta as gd
+import sys
+
+
+class Engine:
+    def __init__(self, model, zlab):
+        self.rope = None                                  # its own attribute: fine
+        self.zlab = zlab
+        self.zlab.make_prompt_cache = list                # PATCH: z-lab, owner found at run time
+        model.config.offset = 3                           # an object's state: fine
+
+
+def f(layers, mods, cache, tok):
+    nn.Linear.__call__ = lambda self, x: x                # PATCH: class attribute
+    llama.create_attention_mask = None                    # PATCH: module attribute
+    KVCache.update_and_fetch = None                       # PATCH: class imported from mlx_lm
+    gd.gated_delta_update += 0                            # PATCH: augmented
+    setattr(mx.fast, "rope", None)                        # PATCH: setattr on a library module
+    del nn.RoPE.__call__                                  # PATCH: deletion
+    for m in mods:
+        m.scaled_dot_product_attention = None             # PATCH: owner from a list
+    sys.modules["x"].conv1d = None                        # PATCH: a swapped name
+    cache.offset = 4                                      # a cache's state: fine
+    tok.eos_token_ids = {1}                               # an instance's state: fine
+    layers[0].self_attn.stable = True                     # fine
+    setattr(cache, "keys", None)                          # fine
+'''
+    (tmp_path / "engines").mkdir()
+    (tmp_path / "engines" / "planted.py").write_text(planted)
+    (tmp_path / "engines" / "patches.py").write_text("import mlx.nn as nn\nnn.Linear.__call__ = None\n")
+    found = scan(tmp_path, swapped_names())
+    lines = [n for n, text in enumerate(planted.splitlines(), start=1) if "# PATCH" in text]
+    assert [int(hit.split(":")[1]) for hit in found] == lines, found
+    assert all(hit.startswith("engines/planted.py:") for hit in found), "engines/patches.py itself is exempt"
