@@ -7,7 +7,8 @@ layer: on the H200, 8 steps of a 1B model's layer cost 0.92 ms that way and 0.04
 fused). Here a fused CUDA kernel (`mx.fast.cuda_kernel`) takes its place on CUDA, and can
 also write the state after every step, which is what exact rollback needs.
 
-`RecurrenceHook` swaps the module-level name for the duration of one target forward:
+`RecurrenceHook` swaps the module-level name for the duration of one target forward (the
+swap itself is engines/patches.py `gated_delta_update`, and `conv1d` for the taps):
 - "plain": the recurrence only, fused where this backend has a kernel;
 - "capture": also keep the state after every step (rollback picks one: no recompute);
 - "recompute": keep the recurrence's inputs, so a rollback can re-run it over the
@@ -19,12 +20,14 @@ CPU tests cover; `PATH` names what runs here, for the record.
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gated_delta as gd
+
+from engines.patches import conv1d, gated_delta_update
 
 _SOURCE = r"""
     // grid (32, Dv, B*Hv) threads in blocks of (32, 4, 1): one warp per value row,
@@ -210,8 +213,6 @@ class RecurrenceHook:
     def __call__(self, mode: str = "plain"):
         assert mode in self.MODES, f"unknown recurrence mode {mode!r}"
         rec = Recorded()
-        originals = {mod: mod.gated_delta_update for mod in self.modules}
-        convs = [m.conv1d for m in self.mixers]
 
         def update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, use_kernel=True, **kw):
             # q, k: [B, T, Hk, Dk]; v: [B, T, Hv, Dv]; state: [B, Hv, Dv, Dk] or None
@@ -225,15 +226,6 @@ class RecurrenceHook:
                 rec.states.append(states)
             return y, state
 
-        try:
-            for mod in self.modules:
-                mod.gated_delta_update = update
-            if mode != "plain":
-                for slot, m in enumerate(self.mixers):
-                    m.conv1d = _ConvTap(m.conv1d, rec, slot)
+        taps = conv1d(self.mixers, lambda conv, slot: _ConvTap(conv, rec, slot)) if mode != "plain" else nullcontext()
+        with gated_delta_update(self.modules, lambda _: update), taps:
             yield rec
-        finally:
-            for mod, fn in originals.items():
-                mod.gated_delta_update = fn
-            for m, conv in zip(self.mixers, convs):
-                m.conv1d = conv

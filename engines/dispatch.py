@@ -34,6 +34,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
 from engines.hidden import decoder, hooked_layers
+from engines.patches import attention_function
 
 
 def dispatch_defaults() -> dict:
@@ -80,14 +81,8 @@ def _bucketed(original, masks: dict):
 @contextmanager
 def stable_attention(modules: list):
     """Within the block, causal multi-token attention over a plain KVCache in these
-    `attention_modules` runs over the cache's whole buffer, masked (module docstring)."""
-    originals = [m.scaled_dot_product_attention for m in modules]
+    `attention_modules` runs over the cache's whole buffer, masked (module docstring); the swap
+    itself is engines/patches.py `attention_function`. Nested, it installs once."""
     masks: dict = {}
-    try:
-        for m, f in zip(modules, originals):
-            if not getattr(f, "bucketed", False):
-                m.scaled_dot_product_attention = _bucketed(f, masks)
+    with attention_function(modules, lambda f: f if getattr(f, "bucketed", False) else _bucketed(f, masks)):
         yield
-    finally:
-        for m, f in zip(modules, originals):
-            m.scaled_dot_product_attention = f

@@ -32,6 +32,7 @@ import mlx.core as mx
 from engines.base import Engine, Prefill, Round
 from engines.errors import Unsupported
 from engines.hidden import decoder
+from engines.patches import zlab_layers_restored, zlab_make_prompt_cache, zlab_snapshot_download
 
 ANCHORS_INSTALL = "pip install -e '.[anchors]'"
 
@@ -213,7 +214,8 @@ class MlxLmSpec(External):
 
 
 class DFlashZlab(External):
-    """z-lab's MLX DFlash `stream_generate`, on the cell's target and drafter directories."""
+    """z-lab's MLX DFlash `stream_generate`, on the cell's target and drafter directories. What
+    it patches in the target, and what the arm patches in it, engines/patches.py undoes."""
 
     name = "dflash_zlab"
     knobs = ("block_size", "drafter")
@@ -235,7 +237,8 @@ class DFlashZlab(External):
         tokenizer = copy.copy(self.tokenizer)
         tokenizer.eos_token_ids = stop_tokens  # generations run to max_new_tokens like every other arm
         t0 = time.perf_counter()
-        with _restore_layers(self.target.model), self._recording_caches():
+        model = self.target.model
+        with zlab_layers_restored(model, decoder(model).layers), self._recording_caches():
             responses = self.zlab.stream_generate(self.target.model, self.drafter, tokenizer, mx.array(prompt),
                                                   block_size=self.block, max_tokens=max_new_tokens,
                                                   temperature=sampler.temperature)
@@ -254,19 +257,17 @@ class DFlashZlab(External):
     @contextmanager
     def _recording_caches(self):
         # Its caches are local to stream_generate: keep the ones it makes, for the memory record.
-        original = self.zlab.make_prompt_cache
         self._caches = []
 
-        def make(model, *args, **kw):
-            out = original(model, *args, **kw)
-            self._caches += out
-            return out
+        def recording(original):
+            def make(model, *args, **kw):
+                out = original(model, *args, **kw)
+                self._caches += out
+                return out
+            return make
 
-        self.zlab.make_prompt_cache = make
-        try:
+        with zlab_make_prompt_cache(self.zlab, recording):
             yield
-        finally:
-            self.zlab.make_prompt_cache = original
 
     def describe(self):
         from importlib.metadata import version
@@ -282,24 +283,6 @@ class DFlashZlab(External):
 
 def _load_zlab_drafter(zlab, path: Path):
     # Its loader resolves a hub id through snapshot_download; hand it the local directory instead.
-    original = zlab.snapshot_download
-    zlab.snapshot_download = lambda repo_id, **kw: str(repo_id)
-    try:
+    local = lambda repo_id, **kw: str(repo_id)
+    with zlab_snapshot_download(zlab, lambda _: local):
         return zlab.load_draft(str(path))
-    finally:
-        zlab.snapshot_download = original
-
-
-@contextmanager
-def _restore_layers(model):
-    """stream_generate wraps the target's layers in hooks for good (and marks the model with
-    `_hidden_states`); put the originals back so no other arm runs through them."""
-    layers = decoder(model).layers
-    originals = list(layers)
-    try:
-        yield
-    finally:
-        layers[:] = originals
-        if "_hidden_states" in model:  # mlx Modules keep list attributes as dict entries
-            del model["_hidden_states"]
-        model.__dict__.pop("_hidden_states", None)

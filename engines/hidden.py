@@ -3,15 +3,18 @@
 Drafters (DFlash, EAGLE-3, MTP) condition on the target's hidden states. They are
 captured by swapping hooks into the decoder's layer list for the duration of one
 forward (`capture_hidden`) and always swapping the original layers back, so no
-patched class or module outlives the call.
+patched class or module outlives the call (the swap: engines/patches.py `decoder_layers`).
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from engines.patches import decoder_layers
 
 
 def text_model(model: nn.Module) -> nn.Module:
@@ -80,16 +83,9 @@ class _Hook:
 @contextmanager
 def hooked_layers(model: nn.Module, seen: dict):
     """Within the block, decoder layer i hands every output hidden state [B, T, H] to
-    seen[i]; the original layers are always put back."""
-    layers = decoder(model).layers
-    originals = {i: layers[i] for i in seen}
-    try:
-        for i, fn in seen.items():
-            layers[i] = _Hook(originals[i], fn)
+    seen[i]; the original layers are always put back (engines/patches.py `decoder_layers`)."""
+    with decoder_layers(decoder(model).layers, {i: partial(_Hook, seen=fn) for i, fn in seen.items()}):
         yield
-    finally:
-        for i, layer in originals.items():
-            layers[i] = layer
 
 
 @contextmanager

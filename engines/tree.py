@@ -29,6 +29,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, Rotating
 
 from engines.cache import RollbackError
 from engines.hidden import decoder
+from engines.patches import attention_mask, rope
 
 
 def tree_depths(parents: list[int]) -> list[int]:
@@ -88,22 +89,15 @@ def _tree_mask_fn(depths: mx.array, ancestors: mx.array):
 
 @contextmanager
 def tree_attention(model: nn.Module, parents: list[int]):
-    """Within the block, a forward over [root] + nodes runs as a tree (see module doc)."""
+    """Within the block, a forward over [root] + nodes runs as a tree (see module doc); the
+    swaps themselves are engines/patches.py `rope` and `attention_mask`."""
     depth, ancestors = depths_and_ancestors(parents)
     depths = mx.array(depth)
     attns = [layer.self_attn for layer in decoder(model).layers if hasattr(layer, "self_attn")]
-    ropes = [a.rope for a in attns]
     module = sys.modules[type(decoder(model)).__module__]
-    original_mask = module.create_attention_mask
-    try:
-        for a, r in zip(attns, ropes):
-            a.rope = _TreeRope(r, depths)
-        module.create_attention_mask = _tree_mask_fn(depths, ancestors)
+    mask = _tree_mask_fn(depths, ancestors)
+    with rope(attns, lambda r: _TreeRope(r, depths)), attention_mask(module, lambda _: mask):
         yield depth
-    finally:
-        module.create_attention_mask = original_mask
-        for a, r in zip(attns, ropes):
-            a.rope = r
 
 
 def check_tree_capable(caches: list) -> None:

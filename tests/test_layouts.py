@@ -17,6 +17,7 @@ from mlx.utils import tree_flatten
 from engines.dflash import DFlashA, load_drafter
 from engines.eagle3 import Eagle3, load_eagle3
 from engines.errors import DrafterError
+from engines.patches import zlab_snapshot_download
 from engines.target import Target
 from engines.torch_bin import read_torch_bin
 from harness import fixtures
@@ -106,12 +107,9 @@ def test_zlab_reference_drafter_agrees_with_ours_on_the_nested_schema(models, tm
     model, _ = models["llama"]
     path = _dflash_new_schema(tmp_path)
     ours = load_drafter(path, model)
-    original = zlab.snapshot_download
-    zlab.snapshot_download = lambda repo, **kw: str(repo)
-    try:
+    local = lambda repo, **kw: str(repo)
+    with zlab_snapshot_download(zlab, lambda _: local):
         theirs = zlab.load_draft(str(path))
-    finally:
-        zlab.snapshot_download = original
     theirs.set_dtype(mx.float32)
     mx.random.seed(1)
     x, hidden = mx.random.normal((1, 6, H)), mx.random.normal((1, 9, 3 * H))  # 9 context rows < window 16
