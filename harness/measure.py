@@ -29,117 +29,19 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engines.base import Engine, Prefill, Round
-from engines.cache import ROLLBACK_STRATEGIES, cache_nbytes
+from engines.base import Engine
+from engines.cache import ROLLBACK_STRATEGIES
 from engines.sampling import Sampler
 from engines.target import Target
 from harness.bounds import fit_prompt, nearest_at_or_above, positions_needed, verify_sizes
-from harness.loop import generate
+from harness.generation import Generation, first_token_ms, round_table, run_generation, timings
+from harness.heartbeat import HEARTBEAT
 from harness.prompts import Prompt, encode_turn
 from harness.summary import cell_summary, speedup_model
-
-@dataclass
-class Generation:
-    """One generation of one engine on one prompt."""
-
-    tokens: list[int]
-    prefill_s: float
-    decode_s: float  # from the first token to the last, including the last round's barrier
-    rounds: list[Round] = field(default_factory=list)
-    peak_bytes: int = 0  # peak device memory during the generation (weights included)
-    cache_bytes: int = 0  # bytes held by the arm's caches at its end
-    first_phases: dict | None = None  # profiled split of the time to first token (prefill, prepare)
-    scores: list = field(default_factory=list)  # per output position, the arm's own [V] log-probabilities
-    #                                             (external arms that give them, when asked to keep them)
-
-    @property
-    def decode_tokens(self) -> int:
-        # Tokens made in decode_s: not the first (the prefill's), nor any that arrived with it (an
-        # outside loop's first round, whose time is in prefill_s): else that arm's rate gains them free.
-        return len(self.tokens) - 1 - sum(len(r.emitted) for r in self.rounds if r.with_first)
-
-    @property
-    def decode_tps(self) -> float:
-        return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
-
-    @property
-    def e2e_tps(self) -> float:
-        """Every output token over the whole wait, first token included."""
-        total = self.prefill_s + self.decode_s
-        return len(self.tokens) / total if total > 0 else float("nan")
-
-    def tally(self) -> dict:
-        """What the cell summary pools per rep over prompts (harness/summary.py), as plain numbers."""
-        return {"tokens": len(self.tokens), "decode_tokens": self.decode_tokens,
-                "prefill_s": self.prefill_s, "decode_s": self.decode_s}
-
-    def acceptance(self) -> dict:
-        """tau, histogram and per-position counts over this generation's rounds."""
-        k_max = max((r.drafted for r in self.rounds), default=0)
-        hist = [0] * (k_max + 1)
-        proposed, accepted = [0] * k_max, [0] * k_max
-        for r in self.rounds:
-            hist[r.accepted] += 1
-            for i in range(r.drafted):
-                proposed[i] += 1
-                accepted[i] += i < r.accepted
-        n = len(self.rounds)
-        trees = [r.tree_size for r in self.rounds if r.tree_size]
-        return {"rounds": n, "tau": sum(len(r.emitted) for r in self.rounds) / n if n else None,
-                "tree_size_mean": sum(trees) / len(trees) if trees else None,
-                "drafted": sum(r.drafted for r in self.rounds), "accepted": sum(r.accepted for r in self.rounds),
-                "accept_hist": hist, "proposed_at": proposed, "accepted_at": accepted}
-
-
-class Heartbeat:
-    """A line every `every_s` from inside loops that otherwise print nothing for as long as the
-    user's sizes make them run (a 1,000-token block, a 4,000-token prompt): which phase, how
-    far. One per process (progress is cosmetic; it never changes what is measured); silent
-    until measure_cell gives it a log. Its cost in a timed loop: one clock read per round."""
-
-    def __init__(self, every_s: float = 30.0):
-        self.every_s, self.log, self.phase, self.since, self.last = every_s, None, "", 0.0, 0.0
-
-    def start(self, phase: str) -> None:
-        self.phase, self.since = phase, time.perf_counter()
-        self.last = self.since
-
-    def beat(self, detail: str = "", *args) -> None:
-        # `detail % args` is formatted only when a line is due: beats sit in timed loops.
-        if self.log is None:
-            return
-        now = time.perf_counter()
-        if now - self.last >= self.every_s:
-            self.last = now
-            self.log(f"  ... still in {self.phase}{detail % args}, {now - self.since:.0f}s so far")
-
-
-HEARTBEAT = Heartbeat()
-
-
-def run_generation(engine: Engine, ids: list[int], max_new_tokens: int, sampler: Sampler,
-                   profile: bool = False, stop_tokens=frozenset(), keep_scores: bool = False) -> Generation:
-    mx.reset_peak_memory()
-    t0 = time.perf_counter()
-    gen = Generation([], 0.0, 0.0)
-    for ev in generate(engine, ids, max_new_tokens, sampler, profile, stop_tokens):
-        if isinstance(ev, Prefill):
-            gen.tokens.append(ev.token)
-            gen.prefill_s, gen.first_phases = ev.seconds, ev.phases
-        else:
-            gen.tokens += ev.emitted
-            gen.rounds.append(ev)
-        if keep_scores and ev.scores is not None:
-            gen.scores.append(ev.scores)
-        HEARTBEAT.beat(": %d/%d tokens of a %s generation", len(gen.tokens), max_new_tokens, engine.name)
-    gen.decode_s = time.perf_counter() - t0 - gen.prefill_s
-    mx.eval(engine.state())  # untimed: work an arm left in flight must not run inside the next arm's timing
-    gen.peak_bytes, gen.cache_bytes = mx.get_peak_memory(), cache_nbytes(engine.caches())
-    return gen
 
 
 def divergence(tokens: list[int], reference: list[int]) -> dict:
@@ -280,19 +182,6 @@ def context_scaling(engine: Engine, ids: list[int], sampler: Sampler, new_tokens
     return out
 
 
-def _round_table(gen: Generation) -> dict:
-    # Column-oriented per-round arrays: compact in JSON, direct to a DataFrame.
-    table = {"drafted": [r.drafted for r in gen.rounds], "accepted": [r.accepted for r in gen.rounds],
-             "emitted": [len(r.emitted) for r in gen.rounds], "ms": [round(r.seconds * 1e3, 4) for r in gen.rounds]}
-    if any(r.tree_size for r in gen.rounds):
-        table["tree_size"] = [r.tree_size for r in gen.rounds]
-    phases = sorted({p for r in gen.rounds for p in (r.phases or {})})
-    if phases:
-        table["phase_ms"] = {p: [round((r.phases or {}).get(p, 0.0) * 1e3, 4) for r in gen.rounds]
-                             for p in phases}
-    return table
-
-
 @dataclass
 class Arms:
     method: Engine
@@ -371,7 +260,7 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
         if cut_from is not None:
             item["truncated_from"] = cut_from  # prompt tokens before bench.truncate_prompts kept the last ones
         if bprof:
-            item["base_profile"] = {"rounds_detail": _round_table(bprof), "first_token": _first_token(bprof)}
+            item["base_profile"] = {"rounds_detail": round_table(bprof), "first_token": first_token_ms(bprof)}
         if item["first_divergence"] is not None:
             with wall("divergence"):
                 item["divergence"] = divergence_margin(arms.base or arms.method, ref, ids, gm[0].tokens,
@@ -493,30 +382,12 @@ def _prompt_item(prompt: Prompt, turn: int, ids, gm: list[Generation], gb: list[
     item = {"id": prompt.id, "category": prompt.category, "suite": prompt.suite, "turn": turn, "prompt_tokens": len(ids),
             "tokens": g.tokens, "n_tokens": len(g.tokens),
             "deterministic": all(x.tokens == g.tokens for x in gm[1:] + ([prof] if prof else [])),
-            **_timings(gm), **g.acceptance(), **divergence(g.tokens, ref),
-            "rounds_detail": _round_table(prof or g)}
+            **timings(gm), **g.acceptance(), **divergence(g.tokens, ref),
+            "rounds_detail": round_table(prof or g)}
     if prof:
-        item["first_token"] = _first_token(prof)
+        item["first_token"] = first_token_ms(prof)
     if gb:
-        item["base"] = _timings(gb)
+        item["base"] = timings(gb)
     return item
 
 
-OUTLIER_FACTOR = 3.0  # a rep slower than median / this is flagged, never silently averaged
-
-
-def _first_token(gen: Generation) -> dict | None:
-    # ms of a profiled run's time to first token, split into the target's prefill and the method's prepare()
-    return {p: round(1e3 * sec, 4) for p, sec in gen.first_phases.items()} if gen.first_phases else None
-
-
-def _timings(gens: list[Generation]) -> dict:
-    tps = [x.decode_tps for x in gens]
-    median = statistics.median(tps)
-    return {"prefill_s": [x.prefill_s for x in gens], "decode_s": [x.decode_s for x in gens], "decode_tps": tps,
-            "n_tokens_reps": [len(x.tokens) for x in gens], "e2e_tps": [x.e2e_tps for x in gens],
-            "outlier_reps": [r for r, t in enumerate(tps) if t < median / OUTLIER_FACTOR],
-            # the typical round, untouched by rare slow ones (a recompile, a stall): per-round cost side by side
-            "round_ms_median": 1e3 * statistics.median([r.seconds for x in gens for r in x.rounds if not r.with_first]
-                                                 or [float("nan")]),
-            "peak_memory_bytes": max(x.peak_bytes for x in gens), "cache_bytes": gens[0].cache_bytes}
