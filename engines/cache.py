@@ -28,7 +28,7 @@ trimmed; three exact strategies are implemented (config `rollback`):
   every attention cache by T and re-feeds the n_keep accepted tokens: one extra
   target forward over n_keep tokens, no hooks into the model.
 engines/deltanet.py holds the recurrence and the hook; `rollback=auto` (the default)
-times all three on the cell's own model and picks the fastest (harness/measure.py).
+times all three on the cell's own model and picks the fastest (harness/calibrate.py).
 """
 
 from __future__ import annotations

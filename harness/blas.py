@@ -14,7 +14,7 @@ loads), reference (keep the wheel's), openblas or mkl (the first candidate of th
 a path to a shared library that exports cblas_sgemm. A BLAS already in the global scope
 (LD_PRELOAD) is kept. Threading knobs the user set are never overridden.
 
-The order is measured: real SmolLM2-135M in float32 (GGUF dequantized), harness.measure's
+The order is measured: real SmolLM2-135M in float32 (GGUF dequantized), harness.calibrate's
 calibrate at 200 tokens of context, 2-core AMD EPYC (Zen 3, AVX2), ms, 3 runs (min-max):
 
     BLAS (threads)                       decode 1 token   verify 8 tokens   ratio

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from engines.errors import Unsupported
 from engines.registry import get_engine
@@ -222,6 +222,27 @@ def validate(cfg) -> None:
 
 def knobs_of(method_name: str) -> tuple[str, ...]:
     return get_engine(method_name).knobs
+
+
+def canonical_cell(cfg) -> dict:
+    """The parts of the config that decide the measurement, nothing else."""
+    knobs = knobs_of(cfg.method.name)
+    method = {"name": cfg.method.name, **{k: cfg.method[k] for k in knobs}}
+    if cfg.method.get("label"):  # a name of the user's for this arm (two servers launched two ways)
+        method["label"] = cfg.method.label
+    dispatch = {k: v for k, v in OmegaConf.to_container(cfg.dispatch).items() if v is not None}
+    arch = OmegaConf.to_container(cfg.arch, resolve=True)
+    if arch.get("gguf_dequantize", True):
+        arch.pop("gguf_dequantize", None)  # the default keeps ids of cells recorded before the key existed
+    return {
+        **({"dispatch": dispatch} if dispatch else {}),  # only when set: the device defaults keep ids as they were
+        "arch": arch,
+        "method": method,
+        "kv": OmegaConf.to_container(cfg.kv, resolve=True) if cfg.kv.name in ("q8", "q4") else {"name": cfg.kv.name},
+        "bench": OmegaConf.to_container(cfg.bench, resolve=True),
+        "rollback": cfg.rollback if method["name"] != "base" else None,
+        "reference": cfg.reference if method["name"] != cfg.reference else None,
+    }
 
 
 DEFAULT_FIXTURE_DRAFT_MODEL = "fixture:llama"  # every fixture shares one tokenizer; llama is the plain one

@@ -172,7 +172,7 @@ class LoadMeter:
     other_cpu_share: CPU time the machine spent busy outside this process (from /proc/stat
     and this process's own CPU time), as a share of all its cores over the cell's wall time.
     A paired ratio survives steady background load better than absolute tok/s, but not load
-    that comes and goes between reps; the report warns above LOAD_WARN."""
+    that comes and goes between reps; the report warns above report/tables.LOAD_WARN."""
 
     def __enter__(self):
         self.t0, self.own0, self.busy0 = time.perf_counter(), time.process_time(), _machine_busy()
@@ -188,9 +188,6 @@ class LoadMeter:
         self.record = {"loadavg_before": self.loadavg_before, "loadavg_after": _loadavg(),
                        "other_cpu_share": share, "cpus": os.cpu_count()}
         return False
-
-
-LOAD_WARN = 0.2  # other processes busy on more than a fifth of the machine
 
 
 def _loadavg() -> float | None:

@@ -22,273 +22,30 @@ Protocol per cell:
 The reference arm's first output is the reference for divergence; where a method
 leaves it, the reference's own scores there are inspected (top-1/top-2 margin) to tell
 numerical near-ties from bugs (divergence_margin says where the scores come from).
+
+This module runs the protocol; its parts live beside it: one generation and its record
+fields in harness/generation.py, calibration in harness/calibrate.py, divergence margins in
+harness/divergence.py, the summary and speedup model (plain numbers, no MLX) in
+harness/summary.py.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engines.base import Engine, Prefill, Round
-from engines.cache import ROLLBACK_STRATEGIES, cache_nbytes
+from engines.base import Engine
 from engines.sampling import Sampler
-from engines.target import Target
-from harness import stats
-from harness.bounds import fit_prompt, interpolate, nearest_at_or_above, positions_needed, verify_sizes
-from harness.loop import generate
+from harness.bounds import fit_prompt, verify_sizes
+from harness.calibrate import calibrate, compare_rollbacks, context_scaling
+from harness.divergence import divergence, divergence_margin
+from harness.generation import Generation, first_token_ms, round_table, run_generation, timings
+from harness.heartbeat import HEARTBEAT
 from harness.prompts import Prompt, encode_turn
-
-MODEL_PHASES = ("verify",)  # phases the speedup model takes from calibration, not the profile
-
-
-@dataclass
-class Generation:
-    """One generation of one engine on one prompt."""
-
-    tokens: list[int]
-    prefill_s: float
-    decode_s: float  # from the first token to the last, including the last round's barrier
-    rounds: list[Round] = field(default_factory=list)
-    peak_bytes: int = 0  # peak device memory during the generation (weights included)
-    cache_bytes: int = 0  # bytes held by the arm's caches at its end
-    first_phases: dict | None = None  # profiled split of the time to first token (prefill, prepare)
-    scores: list = field(default_factory=list)  # per output position, the arm's own [V] log-probabilities
-    #                                             (external arms that give them, when asked to keep them)
-
-    @property
-    def decode_tokens(self) -> int:
-        # Tokens made in decode_s: not the first (the prefill's), nor any that arrived with it (an
-        # outside loop's first round, whose time is in prefill_s): else that arm's rate gains them free.
-        return len(self.tokens) - 1 - sum(len(r.emitted) for r in self.rounds if r.with_first)
-
-    @property
-    def decode_tps(self) -> float:
-        return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
-
-    @property
-    def e2e_tps(self) -> float:
-        """Every output token over the whole wait, first token included."""
-        total = self.prefill_s + self.decode_s
-        return len(self.tokens) / total if total > 0 else float("nan")
-
-    def acceptance(self) -> dict:
-        """tau, histogram and per-position counts over this generation's rounds."""
-        k_max = max((r.drafted for r in self.rounds), default=0)
-        hist = [0] * (k_max + 1)
-        proposed, accepted = [0] * k_max, [0] * k_max
-        for r in self.rounds:
-            hist[r.accepted] += 1
-            for i in range(r.drafted):
-                proposed[i] += 1
-                accepted[i] += i < r.accepted
-        n = len(self.rounds)
-        trees = [r.tree_size for r in self.rounds if r.tree_size]
-        return {"rounds": n, "tau": sum(len(r.emitted) for r in self.rounds) / n if n else None,
-                "tree_size_mean": sum(trees) / len(trees) if trees else None,
-                "drafted": sum(r.drafted for r in self.rounds), "accepted": sum(r.accepted for r in self.rounds),
-                "accept_hist": hist, "proposed_at": proposed, "accepted_at": accepted}
-
-
-class Heartbeat:
-    """A line every `every_s` from inside loops that otherwise print nothing for as long as the
-    user's sizes make them run (a 1,000-token block, a 4,000-token prompt): which phase, how
-    far. One per process (progress is cosmetic; it never changes what is measured); silent
-    until measure_cell gives it a log. Its cost in a timed loop: one clock read per round."""
-
-    def __init__(self, every_s: float = 30.0):
-        self.every_s, self.log, self.phase, self.since, self.last = every_s, None, "", 0.0, 0.0
-
-    def start(self, phase: str) -> None:
-        self.phase, self.since = phase, time.perf_counter()
-        self.last = self.since
-
-    def beat(self, detail: str = "", *args) -> None:
-        # `detail % args` is formatted only when a line is due: beats sit in timed loops.
-        if self.log is None:
-            return
-        now = time.perf_counter()
-        if now - self.last >= self.every_s:
-            self.last = now
-            self.log(f"  ... still in {self.phase}{detail % args}, {now - self.since:.0f}s so far")
-
-
-HEARTBEAT = Heartbeat()
-
-
-def run_generation(engine: Engine, ids: list[int], max_new_tokens: int, sampler: Sampler,
-                   profile: bool = False, stop_tokens=frozenset(), keep_scores: bool = False) -> Generation:
-    mx.reset_peak_memory()
-    t0 = time.perf_counter()
-    gen = Generation([], 0.0, 0.0)
-    for ev in generate(engine, ids, max_new_tokens, sampler, profile, stop_tokens):
-        if isinstance(ev, Prefill):
-            gen.tokens.append(ev.token)
-            gen.prefill_s, gen.first_phases = ev.seconds, ev.phases
-        else:
-            gen.tokens += ev.emitted
-            gen.rounds.append(ev)
-        if keep_scores and ev.scores is not None:
-            gen.scores.append(ev.scores)
-        HEARTBEAT.beat(": %d/%d tokens of a %s generation", len(gen.tokens), max_new_tokens, engine.name)
-    gen.decode_s = time.perf_counter() - t0 - gen.prefill_s
-    mx.eval(engine.state())  # untimed: work an arm left in flight must not run inside the next arm's timing
-    gen.peak_bytes, gen.cache_bytes = mx.get_peak_memory(), cache_nbytes(engine.caches())
-    return gen
-
-
-def divergence(tokens: list[int], reference: list[int]) -> dict:
-    """First index where `tokens` leaves `reference` (None if it never does)."""
-    n = min(len(tokens), len(reference))
-    first = next((i for i in range(n) if tokens[i] != reference[i]), None)
-    if first is None and len(tokens) != len(reference):
-        first = n
-    matched = n if first is None else first
-    return {"first_divergence": first, "matched_prefix": matched,
-            "matched_fraction": matched / max(len(reference), 1)}
-
-
-def divergence_margin(reference_arm: Engine, ref: Generation, ids: list[int], tokens: list[int], at: int) -> dict:
-    """At the first divergence: the reference run's top-1/top-2 tokens and score margin,
-    from the reference arm's own numbers: an external arm's log-probabilities where it
-    gives them (mlx-lm's generate_step does; a log-probability margin is the logit
-    margin), else the reference target re-run over the reference output (the harness's
-    own arms), else recorded as unavailable. Never the method's target under the
-    reference's name.
-
-    A margin near float noise means the two runs split on a near-tie; a wide margin
-    with the method's token far down the list means a bug.
-    """
-    reference = ref.tokens
-    out = {"reference_token": reference[at] if at < len(reference) else None,
-           "method_token": tokens[at] if at < len(tokens) else None}
-    if at >= len(reference):
-        return {**out, "margin_source": "unavailable: the reference output ended here"}
-    if reference_arm.external:
-        if at >= len(ref.scores):
-            return {**out, "margin_source": f"unavailable: {reference_arm.name} gives no scores"}
-        logits, source = ref.scores[at].reshape(-1).astype(mx.float32), f"{reference_arm.name} log-probabilities"
-    else:
-        logits = reference_arm.target.prefill(ids + reference[:at]).astype(mx.float32)  # [V] for output position `at`
-        source = "reference target re-run over the reference output"
-    return {**out, **_margin(logits, tokens, at), "margin_source": source}
-
-
-def _margin(logits: mx.array, tokens: list[int], at: int) -> dict:
-    order = mx.argsort(-logits)
-    rank = None
-    if at < len(tokens):
-        rank = int(mx.sum(logits > logits[tokens[at]]).item())
-    top1, top2 = order[0].item(), order[1].item()
-    return {"reference_top1": top1, "reference_top2": top2,
-            "reference_margin": (logits[top1] - logits[top2]).item(), "method_token_rank": rank}
-
-
-def _timed_verify(target: Target, start: tuple, tokens: list[int], n_keep: int | None = None) -> float:
-    # ms of one verify (and commit, when n_keep is given) from the cache at `start`, then back there.
-    HEARTBEAT.beat(": a verify of %d tokens", len(tokens))
-    t0 = time.perf_counter()
-    logits = target.verify(tokens)
-    if n_keep is not None:
-        target.commit(n_keep)
-    mx.eval(logits, [c.state for c in target.cache])
-    dt = time.perf_counter() - t0
-    target.rewind(start)
-    mx.eval([c.state for c in target.cache])
-    return dt * 1e3
-
-
-def compare_rollbacks(like: Target, ids: list[int], block: int, accept_hist: list[int] | None = None,
-                      n: int = 5) -> dict:
-    """ms of a verify over `block` tokens plus its rollback, per recurrent rollback strategy,
-    averaged over the accepted counts as the cell's own rounds weight them (`accept_hist`:
-    rounds per accepted count, from the warm-up; uniform without one), median of n passes
-    each: which strategy is fastest for this cell, for a target set up `like` the cell's."""
-    counts = list(accept_hist or [])[:block] + [0] * block
-    counts = counts[:block] if sum(counts[:block]) else [1] * block  # rounds per keep = accepted + 1
-    keeps = verify_sizes(block)  # a bounded set of shapes, whatever the block; a keep counts at the next one
-    weights = dict.fromkeys(keeps, 0)
-    for keep, rounds in enumerate(counts, 1):
-        weights[nearest_at_or_above(keeps, keep)] += rounds
-    weights = list(weights.values())
-    costs = {}
-    for strategy in ROLLBACK_STRATEGIES:
-        target = Target(like.model, kv=like.kv, rollback=strategy, kv_group_size=like.kv_group_size,
-                        stage_every=like.stage_every, stable_attention=like.stable_attention,
-                        small_m_gemm=like.small_m_gemm)
-        target.prefill(ids)
-        start = target.mark()
-        pending = ids[-1]
-        for keep in keeps:
-            _timed_verify(target, start, [pending] * block, keep)  # warm-up of every shape
-        passes = [[_timed_verify(target, start, [pending] * block, keep) for keep in keeps] for _ in range(n)]
-        per_keep = [statistics.median(p[i] for p in passes) for i in range(len(keeps))]
-        costs[strategy] = sum(w * ms for w, ms in zip(weights, per_keep)) / sum(weights)
-    return {"block": block, "verify_and_rollback_ms": costs, "fastest": min(costs, key=costs.get),
-            "keeps": keeps, "weights": weights, "weighted_by": "the warm-up's accepted counts" if accept_hist else "uniform"}
-
-
-def calibrate(target: Target, ids: list[int], block: int, n: int = 7) -> dict:
-    """Target cost of a verify over 1..block tokens at this context (ms, medians of n): every
-    size up to 16, a geometric grid beyond (harness/bounds.verify_sizes), so its cost stays
-    bounded whatever the block; the speedup model interpolates between timed sizes.
-
-    Every call starts from the same cache (the prompt), so its shapes repeat: the
-    first call per size, which pays any JIT compile (GPU backends), is not timed.
-    Sizes are interleaved within each pass so that drift hits them all alike."""
-    target.prefill(ids)
-    mx.eval([c.state for c in target.cache])
-    start = target.mark()
-    pending = ids[-1]
-    sizes = verify_sizes(block)
-    for t in sizes:
-        _timed_verify(target, start, [pending] * t)  # warm-up for this shape
-    passes = [[_timed_verify(target, start, [pending] * t) for t in sizes] for _ in range(n)]
-    verify = {t: statistics.median(p[i] for p in passes) for i, t in enumerate(sizes)}
-    return {"context": len(ids), "block": block, "decode_ms": verify[1], "verify_ms": verify[block],
-            "verify_ms_by_tokens": {str(t): ms for t, ms in verify.items()},
-            "verify_cost_ratio": verify[block] / verify[1]}
-
-
-def context_scaling(engine: Engine, ids: list[int], sampler: Sampler, new_tokens: int = 8,
-                    context: int | None = None, block: int = 1) -> dict:
-    """Verify cost per round at the prompt's context and at a 4x longer one (profiled runs):
-    mean verify ms, and the tokens the target was fed per round (work, independent of timing
-    noise). Incremental verify (most methods) stays flat; a method that re-reads the whole
-    context every round (dflash_c) grows with it. The long context stays inside the model's
-    `context` positions; where the prompt leaves no room for a longer one, it is skipped."""
-    out = {}
-    room = 4 * len(ids) if context is None else context - positions_needed(0, new_tokens, block)
-    long = (ids * 4)[: min(max(4 * len(ids), 64), room)]
-    for label, prompt in (("short", ids), ("long", long)):
-        if label == "long" and len(long) <= len(ids):
-            return {**out, "skipped": f"no room for a longer context within the model's {context} positions"}
-        run_generation(engine, prompt, new_tokens, sampler)  # warm-up: new shapes compile on GPU backends
-        fed = engine.target.fed_tokens
-        gen = run_generation(engine, prompt, new_tokens, sampler, profile=True)
-        verify = [r.phases["verify"] for r in gen.rounds if r.phases]
-        out[label] = {"context": len(prompt), "verify_ms": 1e3 * statistics.mean(verify) if verify else None,
-                      "fed_per_round": (engine.target.fed_tokens - fed - len(prompt)) / max(len(gen.rounds), 1)}
-    if out["short"]["verify_ms"] and out["long"]["verify_ms"]:
-        out["growth"] = out["long"]["verify_ms"] / out["short"]["verify_ms"]
-    out["fed_growth"] = out["long"]["fed_per_round"] / out["short"]["fed_per_round"]
-    return out
-
-
-def _round_table(gen: Generation) -> dict:
-    # Column-oriented per-round arrays: compact in JSON, direct to a DataFrame.
-    table = {"drafted": [r.drafted for r in gen.rounds], "accepted": [r.accepted for r in gen.rounds],
-             "emitted": [len(r.emitted) for r in gen.rounds], "ms": [round(r.seconds * 1e3, 4) for r in gen.rounds]}
-    if any(r.tree_size for r in gen.rounds):
-        table["tree_size"] = [r.tree_size for r in gen.rounds]
-    phases = sorted({p for r in gen.rounds for p in (r.phases or {})})
-    if phases:
-        table["phase_ms"] = {p: [round((r.phases or {}).get(p, 0.0) * 1e3, 4) for r in gen.rounds]
-                             for p in phases}
-    return table
+from harness.summary import cell_summary, speedup_model
 
 
 @dataclass
@@ -357,7 +114,7 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
             gm, gb, order = _timed_reps(arms, run, u, bench)
         for reps, gens in ((reps_m, gm), (reps_b, gb)):
             for r, g in enumerate(gens):
-                reps[r].append(g)
+                reps[r].append(g.tally())
         ref = gb[0] if arms.base else gm[0]
         answers.setdefault(prompt.id, []).append(tokenizer.decode(ref.tokens))
         HEARTBEAT.start(f"the profiled runs of {_where(prompt, turn)}")
@@ -369,7 +126,7 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
         if cut_from is not None:
             item["truncated_from"] = cut_from  # prompt tokens before bench.truncate_prompts kept the last ones
         if bprof:
-            item["base_profile"] = {"rounds_detail": _round_table(bprof), "first_token": _first_token(bprof)}
+            item["base_profile"] = {"rounds_detail": round_table(bprof), "first_token": first_token_ms(bprof)}
         if item["first_divergence"] is not None:
             with wall("divergence"):
                 item["divergence"] = divergence_margin(arms.base or arms.method, ref, ids, gm[0].tokens,
@@ -378,7 +135,7 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
         if progress:
             progress(u + 1, len(units))
     HEARTBEAT.log = None
-    summary = _summary(items, reps_m, reps_b if arms.base else None)
+    summary = cell_summary(items, reps_m, reps_b if arms.base else None)
     summary["verify_cost_ratio"] = calibration["verify_cost_ratio"]  # verify of a full block / one decode step
     summary["model"] = speedup_model(items, summary, calibration, arms.block,
                                      arms.method.incremental_verify, arms.method.verifies_full_block)
@@ -491,190 +248,12 @@ def _prompt_item(prompt: Prompt, turn: int, ids, gm: list[Generation], gb: list[
     item = {"id": prompt.id, "category": prompt.category, "suite": prompt.suite, "turn": turn, "prompt_tokens": len(ids),
             "tokens": g.tokens, "n_tokens": len(g.tokens),
             "deterministic": all(x.tokens == g.tokens for x in gm[1:] + ([prof] if prof else [])),
-            **_timings(gm), **g.acceptance(), **divergence(g.tokens, ref),
-            "rounds_detail": _round_table(prof or g)}
+            **timings(gm), **g.acceptance(), **divergence(g.tokens, ref),
+            "rounds_detail": round_table(prof or g)}
     if prof:
-        item["first_token"] = _first_token(prof)
+        item["first_token"] = first_token_ms(prof)
     if gb:
-        item["base"] = _timings(gb)
+        item["base"] = timings(gb)
     return item
 
 
-OUTLIER_FACTOR = 3.0  # a rep slower than median / this is flagged, never silently averaged
-
-
-def _first_token(gen: Generation) -> dict | None:
-    # ms of a profiled run's time to first token, split into the target's prefill and the method's prepare()
-    return {p: round(1e3 * sec, 4) for p, sec in gen.first_phases.items()} if gen.first_phases else None
-
-
-def _timings(gens: list[Generation]) -> dict:
-    tps = [x.decode_tps for x in gens]
-    median = statistics.median(tps)
-    return {"prefill_s": [x.prefill_s for x in gens], "decode_s": [x.decode_s for x in gens], "decode_tps": tps,
-            "n_tokens_reps": [len(x.tokens) for x in gens], "e2e_tps": [x.e2e_tps for x in gens],
-            "outlier_reps": [r for r, t in enumerate(tps) if t < median / OUTLIER_FACTOR],
-            # the typical round, untouched by rare slow ones (a recompile, a stall): per-round cost side by side
-            "round_ms_median": 1e3 * statistics.median([r.seconds for x in gens for r in x.rounds if not r.with_first]
-                                                 or [float("nan")]),
-            "peak_memory_bytes": max(x.peak_bytes for x in gens), "cache_bytes": gens[0].cache_bytes}
-
-
-def _tps(gens: list[Generation]) -> float:
-    secs = sum(g.decode_s for g in gens)
-    return sum(g.decode_tokens for g in gens) / secs if secs > 0 else float("nan")
-
-
-def _e2e_tps(gens: list[Generation]) -> float:
-    secs = sum(g.prefill_s + g.decode_s for g in gens)
-    return sum(len(g.tokens) for g in gens) / secs if secs > 0 else float("nan")
-
-
-def _ms_median(gens: list[list[Generation]]) -> float:
-    return 1e3 * statistics.median(g.prefill_s for rep in gens for g in rep)
-
-
-def _summary(items: list[dict], reps_m: list[list[Generation]], reps_b: list[list[Generation]] | None) -> dict:
-    tps_m = [_tps(gens) for gens in reps_m]
-    out = {"decode_tps": statistics.median(tps_m), "decode_tps_reps": tps_m,
-           "decode_sigma_pct": stats.sigma_pct(tps_m), "prompts": len(items),
-           "tokens": sum(i["n_tokens"] for i in items), "reps": len(tps_m),
-           "ttft_ms": _ms_median(reps_m), "e2e_tps": statistics.median(_e2e_tps(g) for g in reps_m)}
-    rounds = sum(i["rounds"] for i in items)
-    drafted = sum(i["drafted"] for i in items)
-    out["tau"] = sum(i["n_tokens"] - 1 for i in items) / rounds if rounds else None
-    out["acceptance_rate"] = sum(i["accepted"] for i in items) / drafted if drafted else None
-    k = max((len(i["proposed_at"]) for i in items), default=0)
-    proposed = [sum(i["proposed_at"][j] for i in items if j < len(i["proposed_at"])) for j in range(k)]
-    accepted = [sum(i["accepted_at"][j] for i in items if j < len(i["accepted_at"])) for j in range(k)]
-    out["per_position_acceptance"] = [a / p if p else None for a, p in zip(accepted, proposed)]
-    out["diverged_prompts"] = sum(i["first_divergence"] is not None for i in items)
-    firsts = [i["first_divergence"] for i in items if i["first_divergence"] is not None]
-    out["earliest_divergence"] = min(firsts) if firsts else None
-    out["matched_fraction"] = statistics.mean(i["matched_fraction"] for i in items)
-    out["nondeterministic_prompts"] = sum(not i["deterministic"] for i in items)
-    trees = [i["tree_size_mean"] for i in items if i.get("tree_size_mean")]
-    out["tree_size_mean"] = statistics.mean(trees) if trees else None
-    out["outlier_reps"] = sum(len(i["outlier_reps"]) + len(i.get("base", {}).get("outlier_reps", [])) for i in items)
-    out["round_ms_median"] = statistics.median(i["round_ms_median"] for i in items)
-    out["peak_memory_bytes"] = max(i["peak_memory_bytes"] for i in items)
-    out["cache_bytes"] = max(i["cache_bytes"] for i in items)
-    if reps_b:
-        out["base_round_ms_median"] = statistics.median(i["base"]["round_ms_median"] for i in items)
-        out["base_peak_memory_bytes"] = max(i["base"]["peak_memory_bytes"] for i in items)
-        out["base_cache_bytes"] = max(i["base"]["cache_bytes"] for i in items)
-    out["estimator"] = stats.ESTIMATOR
-    if reps_b:
-        tps_b = [_tps(gens) for gens in reps_b]
-        paired = stats.Paired(tps_m, tps_b).summary()
-        out.update({"base_decode_tps": paired["reference_tps_median"], "base_decode_tps_reps": tps_b,
-                    "base_sigma_pct": paired["reference_sigma_pct"], "speedup": paired["speedup"],
-                    "speedup_reps": paired["ratio_reps"], "ratio_of_medians": paired["ratio_of_medians"],
-                    "speedup_ci_low": paired["speedup_ci_low"], "speedup_ci_high": paired["speedup_ci_high"],
-                    "base_ttft_ms": _ms_median(reps_b)})
-        e2e = stats.Paired([_e2e_tps(g) for g in reps_m], [_e2e_tps(g) for g in reps_b]).summary()
-        out.update(base_e2e_tps=e2e["reference_tps_median"], e2e_speedup=e2e["speedup"],
-                   e2e_speedup_ci_low=e2e["speedup_ci_low"], e2e_speedup_ci_high=e2e["speedup_ci_high"])
-        out.update(prompt_spread(items))
-    else:
-        out.update({"base_decode_tps": out["decode_tps"], "base_sigma_pct": out["decode_sigma_pct"],
-                    "speedup": 1.0, "ratio_of_medians": 1.0, "speedup_ci_low": None, "speedup_ci_high": None,
-                    "base_ttft_ms": out["ttft_ms"], "base_e2e_tps": out["e2e_tps"], "e2e_speedup": 1.0,
-                    "e2e_speedup_ci_low": None, "e2e_speedup_ci_high": None})
-    return out
-
-
-def prompt_ratio(item: dict) -> float:
-    """One prompt's (turn's) paired speedup: the geometric mean over its reps of method over
-    reference decode tok/s, read from its record item."""
-    return stats.geo_mean([m / b for m, b in zip(item["decode_tps"], item["base"]["decode_tps"], strict=True)])
-
-
-def prompt_spread(items: list[dict]) -> dict:
-    """The speedup over prompts: the geometric mean of the per-prompt (per-turn) paired
-    ratios and its interval, which covers prompt-to-prompt spread (stats module docstring)."""
-    point, lo, hi = stats.geo_mean_interval([prompt_ratio(i) for i in items])
-    return {"speedup_prompts": point, "speedup_prompts_ci_low": lo, "speedup_prompts_ci_high": hi,
-            "speedup_prompts_n": len(items)}
-
-
-def base_step(items: list[dict]) -> dict | None:
-    """Mean ms of the profiled base arm's round (one decode step) and of its verify phase."""
-    means = phase_means([i["base_profile"] for i in items if i.get("base_profile")])
-    if not means:
-        return None
-    return {"round_ms": sum(means.values()), "verify_ms": means.get("verify", 0.0)}
-
-
-def phase_means(items: list[dict]) -> dict[str, float]:
-    """Mean ms per round of each profiled phase, over every profiled round of the cell."""
-    totals: dict[str, float] = {}
-    rounds = 0
-    for i in items:
-        phases = i["rounds_detail"].get("phase_ms")
-        if not phases:
-            continue
-        rounds += len(i["rounds_detail"]["drafted"])
-        for p, ms in phases.items():
-            totals[p] = totals.get(p, 0.0) + sum(ms)
-    return {p: t / rounds for p, t in totals.items()} if rounds else {}
-
-
-def _profiled_rounds(items: list[dict]) -> tuple[dict[int, list[int]], int]:
-    # Per drafted K, the tokens each of its rounds fed the verify besides the pending one (a
-    # tree feeds all its nodes, a chain its K drafts); and the tokens the rounds yielded.
-    fed: dict[int, list[int]] = {}
-    tokens = 0
-    for i in items:
-        detail = i["rounds_detail"]
-        tokens += sum(detail["emitted"]) if "emitted" in detail else sum(detail["accepted"]) + len(detail["accepted"])
-        for k, v in zip(detail["drafted"], detail.get("tree_size") or detail["drafted"]):
-            fed.setdefault(k, []).append(v)
-    return fed, tokens
-
-
-def speedup_model(items: list[dict], summary: dict, calibration: dict | None, block: int,
-                  incremental: bool = True, full_block: bool = False) -> dict | None:
-    """Predicted speedup of the profiled rounds from component costs (harness/stats).
-
-    Unit: one base decode step as the timed base arm runs it (its median step: pipelined,
-    each step queued before the last token is read); without timed base rounds, the
-    profiled base step, or the calibrated single-token verify where no base arm was
-    profiled. A round costs the calibrated verify ratio (tokens it fed over 1: K+1 for a
-    chain, nodes+1 for a tree) times the profiled base step's verify, plus the method's
-    other profiled phases: a drafting round waits on the host once anyway, so its
-    profile is what it costs. `full_block`: the method verifies the whole block every
-    round whatever it drafted (the control)."""
-    if calibration is None or block < 2:
-        return None
-    phases = phase_means(items)
-    out = {"k": block - 1, "acceptance": summary["acceptance_rate"],
-           "verify_cost_ratio": calibration["verify_cost_ratio"]}
-    if not phases:
-        return out  # without a profile the cost of drafting is unknown
-    ratio = {int(t): ms / calibration["decode_ms"] for t, ms in calibration["verify_ms_by_tokens"].items()}
-    cost = lambda t: interpolate(ratio, t)  # noqa: E731 -- sizes between timed ones lie on a line
-    base = base_step(items)
-    timed = summary.get("base_round_ms_median") if base else None
-    unit = timed or (base["round_ms"] if base else calibration["decode_ms"])
-    verify1 = base["verify_ms"] if base else calibration["decode_ms"]
-    overhead = sum(ms for p, ms in phases.items() if p not in MODEL_PHASES)
-    fed, tokens = _profiled_rounds(items)
-    if incremental:
-        verify = {k: statistics.mean(cost(block if full_block else min(v + 1, block)) for v in vs) * verify1
-                  for k, vs in fed.items()}
-    else:  # the method's verify is not the target's incremental one (dflash_c re-prefills): take it as profiled
-        verify = {k: phases.get("verify", 0.0) for k in fed}
-    counts = {k: len(vs) for k, vs in fed.items()}
-    mix = stats.RoundMix(counts, {k: (verify[k] + overhead) / unit for k in fed})
-    rounds = sum(counts.values())
-    out.update({"unit_ms": unit, "unit": "timed base step" if timed else "base profile" if base else "calibration",
-                "overhead_ms": overhead,
-                # what pipelining saves the base arm: its profiled (unpipelined) step over its timed one
-                "base_pipelining_gain": base["round_ms"] / timed if timed else None,
-                "round_cost_ratio": mix.total_cost() / rounds, "break_even_tau": mix.total_cost() / rounds,
-                "profiled_tau": tokens / rounds, "iid_acceptance": mix.iid_acceptance(tokens),
-                "drafted_rounds": {str(k): n for k, n in sorted(counts.items())},
-                "predicted_speedup": mix.speedup_for_tokens(tokens),
-                "break_even_acceptance": mix.break_even_acceptance()})
-    return out

@@ -1,8 +1,10 @@
 """Run records: one JSON file per cell, written atomically.
 
-A cell is the resolved config with the axes its method ignores normalised away
-(base has no block size and never rolls back), so equal cells get equal ids: a
-sweep runs each distinct cell once, and a re-run skips cells already recorded.
+A cell (harness/config.canonical_cell) is the resolved config with the axes its method
+ignores normalised away (base has no block size and never rolls back), so equal cells get
+equal ids: a sweep runs each distinct cell once, and a re-run skips cells already recorded.
+This module reads and writes records without the config or the engines: the report imports
+it, and reads only records.
 """
 
 from __future__ import annotations
@@ -17,32 +19,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from harness.config import knobs_of
-
 SCHEMA_VERSION = 1
-
-
-def canonical_cell(cfg) -> dict:
-    """The parts of the config that decide the measurement, nothing else."""
-    knobs = knobs_of(cfg.method.name)
-    method = {"name": cfg.method.name, **{k: cfg.method[k] for k in knobs}}
-    if cfg.method.get("label"):  # a name of the user's for this arm (two servers launched two ways)
-        method["label"] = cfg.method.label
-    dispatch = {k: v for k, v in OmegaConf.to_container(cfg.dispatch).items() if v is not None}
-    arch = OmegaConf.to_container(cfg.arch, resolve=True)
-    if arch.get("gguf_dequantize", True):
-        arch.pop("gguf_dequantize", None)  # the default keeps ids of cells recorded before the key existed
-    return {
-        **({"dispatch": dispatch} if dispatch else {}),  # only when set: the device defaults keep ids as they were
-        "arch": arch,
-        "method": method,
-        "kv": OmegaConf.to_container(cfg.kv, resolve=True) if cfg.kv.name in ("q8", "q4") else {"name": cfg.kv.name},
-        "bench": OmegaConf.to_container(cfg.bench, resolve=True),
-        "rollback": cfg.rollback if method["name"] != "base" else None,
-        "reference": cfg.reference if method["name"] != cfg.reference else None,
-    }
 
 
 def cell_id(cell: dict) -> str:

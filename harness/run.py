@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from engines.errors import DrafterError, Unsupported
 from engines.registry import get_engine
 from engines.target import Target
-from harness.config import resolve_drafter, validate
+from harness.config import canonical_cell, resolve_drafter, validate
 from harness.env import STREAM_PROBE, LoadMeter, blas_warning, environment, stream_rate
 from harness.errors import ConfigError
 from harness.measure import Arms, measure_cell
@@ -29,8 +29,7 @@ from harness.gguf_import import conversion_record
 from harness.models import check_shared_tokenizer, has_moe, load_target, model_context, model_dtype, resolve_model, weight_bytes
 from harness.progress import PROGRESS
 from harness.prompts import load_suite, suite_sources
-from harness.records import (SCHEMA_VERSION, LockTimeout, canonical_cell, cell_id, device_lock, multirun_id, read_record,
-                             write_record)
+from harness.records import SCHEMA_VERSION, LockTimeout, cell_id, device_lock, multirun_id, read_record, write_record
 
 # What `python -m harness` exits with. A sweep exits 3 when any cell errored (after running the
 # rest); its unsupported cells are expected outcomes of a grid, so they alone leave it at 0.

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from harness import stats
-from harness.measure import phase_means, prompt_spread
 from harness.records import iter_records
+from harness.summary import phase_means, prompt_spread
 
 CELL_COLUMNS = ["arch", "method", "block_size", "kv", "reference", "status", "base_decode_tps", "decode_tps", "speedup",
                 "speedup_ci_low", "speedup_ci_high", "speedup_prompts", "speedup_prompts_ci_low",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pandas as pd
 from tabulate import tabulate
 
+LOAD_WARN = 0.2  # other processes busy on more than a fifth of the machine (harness/env.LoadMeter)
+
 
 def _fmt(x, spec: str) -> str:
     if x is None or (not isinstance(x, (list, tuple)) and pd.isna(x)):
@@ -105,8 +107,6 @@ def arch_tables(df: pd.DataFrame) -> str:
 
 def conditions_line(df: pd.DataFrame) -> str:
     """Warnings about where the cells ran: under background load, or on several hosts."""
-    from harness.env import LOAD_WARN
-
     notes = []
     hosts = sorted(h for h in df["host"].dropna().unique()) if "host" in df else []
     if len(hosts) > 1:

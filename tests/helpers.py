@@ -8,7 +8,7 @@ from engines.autoregressive import Autoregressive
 from engines.base import Draft, Engine
 from engines.sampling import Sampler
 from engines.target import Target
-from harness.measure import run_generation
+from harness.generation import run_generation
 
 
 class Oracle(Engine):

@@ -2,9 +2,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from harness.__main__ import check_overrides, parse_overrides
-from harness.config import conf_dir, register_configs, validate
+from harness.config import canonical_cell, conf_dir, register_configs, validate
 from harness.errors import ConfigError
-from harness.records import canonical_cell, cell_id
+from harness.records import cell_id
 
 
 def cfg(*overrides):

@@ -99,7 +99,7 @@ def test_bad_drafters_give_one_line_errors(models, tmp_path, case, config_edit, 
 
 def test_option_a_verify_work_stays_flat_while_option_c_grows_with_context(models):
     from engines.sampling import Sampler
-    from harness.measure import context_scaling
+    from harness.calibrate import context_scaling
 
     model, tok = models["llama"]
     ids = next(_units(tok))[1]  # ~60 tokens; the long context is 4x that

@@ -188,7 +188,7 @@ def test_tokens_that_arrive_with_the_first_are_not_decode_tokens():
     # An outside loop's first step is a whole round (mlx-lm's speculative loop): its time is in
     # the time to first token, so counting its tokens as decoded would raise that arm's tok/s.
     from engines.external import External, stamped_events
-    from harness.measure import run_generation
+    from harness.generation import run_generation
     from engines.sampling import Sampler
 
     class Burst(External):

@@ -15,7 +15,7 @@ from engines.sampling import Sampler
 from engines.target import Target
 from harness import fixtures
 from harness.loop import generate
-from harness.measure import run_generation
+from harness.generation import run_generation
 from harness.prompts import encode_turn
 from tests.conftest import builtin_prompts
 from tests.helpers import base_engine, generate_ids

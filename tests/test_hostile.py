@@ -80,7 +80,7 @@ def test_truncate_prompts_keeps_the_last_tokens_that_fit_and_records_the_cut(tmp
 
 
 def test_a_long_phase_says_it_is_still_running():
-    from harness.measure import Heartbeat
+    from harness.heartbeat import Heartbeat
 
     heard = []
     beat = Heartbeat(every_s=0.05)

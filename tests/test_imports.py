@@ -6,6 +6,10 @@ back through others, not even through an import inside a function: such an impor
 hides the circle until the function runs. Imports inside functions stay for what they are
 for, keeping MLX and other heavy libraries out of a module's import (`python -m tests.test_imports`
 lists them with their count, which issue 33 tracks).
+
+The report reads records only: no module under report/ imports MLX, mlx-lm or engines/, not
+itself and not through the project modules it imports (tests/test_report_imports.py checks
+the same by importing it).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 UPPER = ("harness", "report", "train")  # the floors above engines/
+HEAVY = ("mlx", "mlx_lm")  # libraries the report must never load (engines/ loads them too)
+REPORT_READS = ("harness.records", "harness.stats", "harness.summary")  # all the report takes from harness/
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,58 @@ def defined_at_top(path: Path) -> set[str]:
     return names
 
 
+def heavy_imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(module, line, top) for every import of MLX or mlx-lm in a file."""
+    out = []
+    for node, top in _statements(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:  # a relative import stays inside the project
+            names = [node.module] if not node.level else []
+        out += [(n, node.lineno, top) for n in names if n.split(".")[0] in HEAVY]
+    return out
+
+
+def loaded_by(source: str, imports: list[Import], known: dict[str, Path]) -> dict[str, list[str]]:
+    """Every project module that loading `source` and running its functions can load: its own
+    imports (inside functions too), then theirs at module level, and the package above each.
+    Each with the chain of modules that gets there, `source` first."""
+    top = defaultdict(list)
+    for imp in imports:
+        if imp.top:
+            top[imp.source].append(imp.target)
+    todo = [[source, imp.target] for imp in imports if imp.source == source]
+    todo += [[source, p] for p in _above(source, known)]
+    chains: dict[str, list[str]] = {}
+    while todo:
+        chain = todo.pop(0)  # breadth first: each module's shortest chain
+        if chain[-1] not in chains:
+            chains[chain[-1]] = chain
+            todo += [chain + [t] for t in top[chain[-1]] + _above(chain[-1], known)]
+    return chains
+
+
+def _above(name: str, known: dict[str, Path]) -> list[str]:
+    # importing a.b.c runs a/__init__.py and a/b/__init__.py first
+    parts = name.split(".")
+    return [p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in known]
+
+
+def report_loads(root: Path = REPO) -> list[str]:
+    """Each way a report/ module reaches MLX, mlx-lm or engines/, as a chain of modules."""
+    known, graph = modules(root), import_graph(root)
+    found = []
+    for name in sorted(n for n in known if n.split(".")[0] == "report"):
+        reached = {name: [name], **loaded_by(name, graph, known)}
+        found += [" -> ".join(chain) for mod, chain in reached.items()
+                  if mod.split(".")[0] == "engines" and chain[-2].split(".")[0] != "engines"]
+        # an engines/ module is named where the chain enters engines/; its own MLX goes unsaid
+        found += [f"{' -> '.join(chain)} -> {lib} ({known[mod].relative_to(root)}:{line})"
+                  for mod, chain in reached.items() if mod.split(".")[0] != "engines"
+                  for lib, line, top in heavy_imports(known[mod]) if top or mod == name]
+    return found
+
+
 def _where(imp: Import, known: dict[str, Path]) -> str:
     return f"{known[imp.source].relative_to(REPO)}:{imp.line}"
 
@@ -151,6 +209,33 @@ def test_every_import_of_a_project_module_names_what_that_module_defines():
              for n in imp.names if n != "*" and n not in defined_at_top(known[imp.target])]
     print(f"function-level imports of project modules: {sum(not imp.top for imp in graph)}")
     assert not stale, stale
+
+
+def test_the_report_imports_no_mlx_and_no_engines_not_even_through_harness():
+    found = report_loads()
+    assert not found, (f"report/ must read records only, without MLX, mlx-lm or engines/: {found}; move what it "
+                       "needs into a module that imports none of them (as harness/summary.py)")
+
+
+def test_the_report_takes_from_harness_only_records_stats_and_summary():
+    known = modules(REPO)
+    other = [f"{_where(imp, known)} imports {imp.target}" for imp in import_graph()
+             if imp.source.split(".")[0] == "report" and imp.target.split(".")[0] == "harness"
+             and imp.target not in REPORT_READS]
+    assert not other, f"report/ reads records, stats and the summary only ({', '.join(REPORT_READS)}): {other}"
+
+
+def test_the_report_check_catches_mlx_through_a_chain_and_engines_inside_a_function(tmp_path):
+    files = {"report/__init__.py": "", "report/a.py": "from harness import b, lazy\n",
+             "report/c.py": "def f():\n    from engines.x import y\n",
+             "harness/__init__.py": "", "harness/b.py": "from harness.c import z\n",
+             "harness/c.py": "import mlx.core as mx\nz = 1\n", "harness/lazy.py": "def f():\n    import mlx_lm\n",
+             "engines/__init__.py": "", "engines/x.py": "y = 1\n"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert report_loads(tmp_path) == ["report.a -> harness.b -> harness.c -> mlx.core (harness/c.py:1)",
+                                      "report.c -> engines.x"]
 
 
 def test_the_checks_catch_a_planted_cycle_an_upward_import_and_a_stale_name(tmp_path):

@@ -14,7 +14,7 @@ from engines.mtp import MTP, MTPHead, load_mtp
 from engines.sampling import Sampler
 from engines.target import Target
 from harness import fixtures
-from harness.measure import run_generation
+from harness.generation import run_generation
 from tests.helpers import base_engine, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units
 

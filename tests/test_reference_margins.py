@@ -9,7 +9,8 @@ import pytest
 
 from engines.external import MlxLm
 from engines.target import Target
-from harness import measure
+from harness.divergence import divergence_margin
+from harness.generation import Generation
 from harness.measure import Arms, measure_cell
 from harness.prompts import encode_turn
 from tests.conftest import builtin_prompts, method_cfg
@@ -51,8 +52,8 @@ def test_margins_come_from_mlx_lm_log_probabilities(models, monkeypatch):
 def test_an_external_reference_without_scores_says_unavailable(models):
     model, tok = models["llama"]
     ref = MlxLm(Target(model), None)
-    gen = measure.Generation([1, 2, 3], 0.0, 0.0)  # a reference run that kept no scores
-    d = measure.divergence_margin(ref, gen, [5, 6], [1, 2, 4], 2)
+    gen = Generation([1, 2, 3], 0.0, 0.0)  # a reference run that kept no scores
+    d = divergence_margin(ref, gen, [5, 6], [1, 2, 4], 2)
     assert d["margin_source"].startswith("unavailable") and "reference_margin" not in d
     assert (d["reference_token"], d["method_token"]) == (3, 4)
 

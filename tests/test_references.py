@@ -14,7 +14,7 @@ from engines.external import DFlashZlab, MlxLm
 from engines.hidden import decoder
 from engines.target import Target
 from harness import fixtures
-from harness.measure import Generation, _timings
+from harness.generation import Generation, timings
 from report.frames import cells
 from tests.conftest import ARCHS
 from tests.helpers import base_engine, generate_ids
@@ -100,9 +100,9 @@ def _arrays(part):
 
 def test_a_rep_slower_than_a_third_of_its_median_is_flagged():
     gens = [Generation([0] * 11, 0.0, s, peak_bytes=10, cache_bytes=5) for s in (0.1, 0.11, 0.5, 0.1)]
-    t = _timings(gens)
+    t = timings(gens)
     assert t["outlier_reps"] == [2] and t["peak_memory_bytes"] == 10 and t["cache_bytes"] == 5
-    assert _timings(gens[:2] + gens[3:])["outlier_reps"] == []
+    assert timings(gens[:2] + gens[3:])["outlier_reps"] == []
 
 
 def test_base_paired_with_mlx_lm_writes_a_paired_record_with_memory(tmp_path):

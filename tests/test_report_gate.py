@@ -9,7 +9,7 @@ import time
 import matplotlib.image as mpimg
 import pytest
 
-from harness.measure import base_step
+from harness.summary import base_step
 from tests.test_cli import QUICK, REPO, harness, records
 
 GATE = """# @package _global_

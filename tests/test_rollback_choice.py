@@ -7,7 +7,7 @@ replay wins; weighted by a warm-up that rejected every draft, capture does."""
 import pytest
 
 from engines.target import Target
-from harness import measure
+from harness import calibrate
 
 BLOCK = 4
 
@@ -20,12 +20,12 @@ def synthetic_costs(monkeypatch):
             return float(1 + 3 * (n_keep - 1))  # 1, 4, 7, 10 ms for keep 1..4
         return 5.0 if target.strategy == "replay" else 100.0
 
-    monkeypatch.setattr(measure, "_timed_verify", timed)
+    monkeypatch.setattr(calibrate, "_timed_verify", timed)
 
 
 def test_uniform_weights_without_a_warm_up(models, synthetic_costs):
     model, tok = models["qwen35"]
-    out = measure.compare_rollbacks(Target(model), tok.encode("a b c d e f"), BLOCK)
+    out = calibrate.compare_rollbacks(Target(model), tok.encode("a b c d e f"), BLOCK)
     assert out["weighted_by"] == "uniform" and out["weights"] == [1] * BLOCK
     assert out["verify_and_rollback_ms"]["capture"] == pytest.approx(5.5)
     assert out["fastest"] == "replay"
@@ -34,7 +34,7 @@ def test_uniform_weights_without_a_warm_up(models, synthetic_costs):
 def test_the_warm_up_acceptance_weights_the_choice(models, synthetic_costs):
     model, tok = models["qwen35"]
     hist = [9, 1, 0, 0]  # rounds by accepted count: nearly every draft rejected, so keep = 1 or 2
-    out = measure.compare_rollbacks(Target(model), tok.encode("a b c d e f"), BLOCK, hist)
+    out = calibrate.compare_rollbacks(Target(model), tok.encode("a b c d e f"), BLOCK, hist)
     assert out["weights"] == hist and out["weighted_by"] == "the warm-up's accepted counts"
     assert out["verify_and_rollback_ms"]["capture"] == pytest.approx((9 * 1 + 1 * 4) / 10)
     assert out["fastest"] == "capture"

@@ -5,7 +5,7 @@ tokens the budget let out is a separate number (the emitted tokens)."""
 
 from engines.sampling import Sampler
 from engines.target import Target
-from harness.measure import _round_table, run_generation
+from harness.generation import round_table, run_generation
 from tests.helpers import Oracle, base_engine, generate_ids
 from tests.test_lossless import _units
 
@@ -28,7 +28,7 @@ def test_the_budget_cuts_emitted_tokens_not_the_accepted_count(models):
     assert (last.drafted, last.accepted, len(last.emitted)) == (K, K, 2)
     assert gen.acceptance()["accept_hist"] == [0, 0, 0, 3]  # every round accepted all K drafts
     assert gen.acceptance()["accepted_at"] == [3, 3, 3]
-    table = _round_table(gen)
+    table = round_table(gen)
     assert table["accepted"] == [K] * 3 and table["emitted"] == [K + 1, K + 1, 2]
 
 

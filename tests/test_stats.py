@@ -4,9 +4,8 @@ import math
 
 import pytest
 
-from engines.base import Round
 from harness import stats
-from harness.measure import Generation, _summary, speedup_model
+from harness.summary import cell_summary, speedup_model
 
 # method tok/s 120, 90, 100 and base tok/s 100, 100, 80 over three reps:
 # per-rep ratios 1.2, 0.9, 1.25 -> geometric mean exp(mean(log r)) = exp(0.10003) = 1.10521;
@@ -108,20 +107,19 @@ def test_speedup_model_without_base_profile_or_with_a_re_prefilling_verify():
     assert m["break_even_tau"] == pytest.approx(1.6) and m["predicted_speedup"] == pytest.approx(8 / 6.4)
 
 
-def _gen(tps: float, n_tokens: int = 11) -> Generation:
-    # n_tokens - 1 decode tokens at exactly `tps`, in rounds of 2 tokens (1 draft accepted + bonus)
-    rounds = [Round(1, 1, [1, 2], 0.0, None) for _ in range((n_tokens - 1) // 2)]
-    return Generation([0] * n_tokens, 0.01, (n_tokens - 1) / tps, rounds)
+def _tally(tps: float, n_tokens: int = 11) -> dict:
+    # one generation's Generation.tally(): n_tokens - 1 decode tokens at exactly `tps`
+    return {"tokens": n_tokens, "decode_tokens": n_tokens - 1, "prefill_s": 0.01, "decode_s": (n_tokens - 1) / tps}
 
 
-def test_cell_summary_from_generations_matches_hand_computation():
-    reps_m = [[_gen(m)] for m in METHOD]
-    reps_b = [[_gen(b)] for b in BASE]
+def test_cell_summary_from_rep_tallies_matches_hand_computation():
+    reps_m = [[_tally(m)] for m in METHOD]
+    reps_b = [[_tally(b)] for b in BASE]
     timing = {"outlier_reps": [], "peak_memory_bytes": 3, "cache_bytes": 2, "round_ms_median": 1.5}
     items = [{"n_tokens": 11, "rounds": 5, "drafted": 5, "accepted": 5, "proposed_at": [5], "accepted_at": [5],
               "first_divergence": None, "matched_fraction": 1.0, "deterministic": True, **timing,
               "decode_tps": METHOD, "base": {**timing, "outlier_reps": [1], "peak_memory_bytes": 4, "decode_tps": BASE}}]
-    s = _summary(items, reps_m, reps_b)
+    s = cell_summary(items, reps_m, reps_b)
     assert s["decode_tps_reps"] == pytest.approx(METHOD)
     assert s["base_decode_tps_reps"] == pytest.approx(BASE)
     assert s["speedup"] == pytest.approx(1.10521, rel=1e-4) and s["ratio_of_medians"] == pytest.approx(1.0)

@@ -9,7 +9,7 @@ from engines.dflash import DFlashA
 from engines.external import DFlashZlab, MlxLm
 from engines.autoregressive import Autoregressive
 from engines.sampling import Sampler
-from harness.measure import run_generation
+from harness.generation import run_generation
 
 shim = ctypes.CDLL(os.environ["SHIM"]) if os.environ.get("SHIM") else None
 if shim:

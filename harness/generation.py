@@ -1,0 +1,129 @@
+"""One generation of one engine on one prompt, collected from the decode loop, and the
+record fields it gives: per-round columns, time to first token, per-rep timings.
+
+The loop (harness/loop.py) yields events and reads the per-round clocks; run_generation
+gathers them into a Generation, times the generation as a whole, and reads memory and cache
+sizes after the clock stops.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from engines.base import Engine, Prefill, Round
+from engines.cache import cache_nbytes
+from engines.sampling import Sampler
+from harness.heartbeat import HEARTBEAT
+from harness.loop import generate
+
+
+@dataclass
+class Generation:
+    """One generation of one engine on one prompt."""
+
+    tokens: list[int]
+    prefill_s: float
+    decode_s: float  # from the first token to the last, including the last round's barrier
+    rounds: list[Round] = field(default_factory=list)
+    peak_bytes: int = 0  # peak device memory during the generation (weights included)
+    cache_bytes: int = 0  # bytes held by the arm's caches at its end
+    first_phases: dict | None = None  # profiled split of the time to first token (prefill, prepare)
+    scores: list = field(default_factory=list)  # per output position, the arm's own [V] log-probabilities
+    #                                             (external arms that give them, when asked to keep them)
+
+    @property
+    def decode_tokens(self) -> int:
+        # Tokens made in decode_s: not the first (the prefill's), nor any that arrived with it (an
+        # outside loop's first round, whose time is in prefill_s): else that arm's rate gains them free.
+        return len(self.tokens) - 1 - sum(len(r.emitted) for r in self.rounds if r.with_first)
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
+
+    @property
+    def e2e_tps(self) -> float:
+        """Every output token over the whole wait, first token included."""
+        total = self.prefill_s + self.decode_s
+        return len(self.tokens) / total if total > 0 else float("nan")
+
+    def tally(self) -> dict:
+        """What the cell summary pools per rep over prompts (harness/summary.py), as plain numbers."""
+        return {"tokens": len(self.tokens), "decode_tokens": self.decode_tokens,
+                "prefill_s": self.prefill_s, "decode_s": self.decode_s}
+
+    def acceptance(self) -> dict:
+        """tau, histogram and per-position counts over this generation's rounds."""
+        k_max = max((r.drafted for r in self.rounds), default=0)
+        hist = [0] * (k_max + 1)
+        proposed, accepted = [0] * k_max, [0] * k_max
+        for r in self.rounds:
+            hist[r.accepted] += 1
+            for i in range(r.drafted):
+                proposed[i] += 1
+                accepted[i] += i < r.accepted
+        n = len(self.rounds)
+        trees = [r.tree_size for r in self.rounds if r.tree_size]
+        return {"rounds": n, "tau": sum(len(r.emitted) for r in self.rounds) / n if n else None,
+                "tree_size_mean": sum(trees) / len(trees) if trees else None,
+                "drafted": sum(r.drafted for r in self.rounds), "accepted": sum(r.accepted for r in self.rounds),
+                "accept_hist": hist, "proposed_at": proposed, "accepted_at": accepted}
+
+
+def run_generation(engine: Engine, ids: list[int], max_new_tokens: int, sampler: Sampler,
+                   profile: bool = False, stop_tokens=frozenset(), keep_scores: bool = False) -> Generation:
+    mx.reset_peak_memory()
+    t0 = time.perf_counter()
+    gen = Generation([], 0.0, 0.0)
+    for ev in generate(engine, ids, max_new_tokens, sampler, profile, stop_tokens):
+        if isinstance(ev, Prefill):
+            gen.tokens.append(ev.token)
+            gen.prefill_s, gen.first_phases = ev.seconds, ev.phases
+        else:
+            gen.tokens += ev.emitted
+            gen.rounds.append(ev)
+        if keep_scores and ev.scores is not None:
+            gen.scores.append(ev.scores)
+        HEARTBEAT.beat(": %d/%d tokens of a %s generation", len(gen.tokens), max_new_tokens, engine.name)
+    gen.decode_s = time.perf_counter() - t0 - gen.prefill_s
+    mx.eval(engine.state())  # untimed: work an arm left in flight must not run inside the next arm's timing
+    gen.peak_bytes, gen.cache_bytes = mx.get_peak_memory(), cache_nbytes(engine.caches())
+    return gen
+
+
+def round_table(gen: Generation) -> dict:
+    """The record's per-round columns: column-oriented arrays, compact in JSON, direct to a DataFrame."""
+    table = {"drafted": [r.drafted for r in gen.rounds], "accepted": [r.accepted for r in gen.rounds],
+             "emitted": [len(r.emitted) for r in gen.rounds], "ms": [round(r.seconds * 1e3, 4) for r in gen.rounds]}
+    if any(r.tree_size for r in gen.rounds):
+        table["tree_size"] = [r.tree_size for r in gen.rounds]
+    phases = sorted({p for r in gen.rounds for p in (r.phases or {})})
+    if phases:
+        table["phase_ms"] = {p: [round((r.phases or {}).get(p, 0.0) * 1e3, 4) for r in gen.rounds]
+                             for p in phases}
+    return table
+
+
+OUTLIER_FACTOR = 3.0  # a rep slower than median / this is flagged, never silently averaged
+
+
+def first_token_ms(gen: Generation) -> dict | None:
+    """ms of a profiled run's time to first token, split into the target's prefill and the method's prepare()."""
+    return {p: round(1e3 * sec, 4) for p, sec in gen.first_phases.items()} if gen.first_phases else None
+
+
+def timings(gens: list[Generation]) -> dict:
+    """A prompt's record fields from its reps of one arm: per-rep times and rates, outliers, memory."""
+    tps = [x.decode_tps for x in gens]
+    median = statistics.median(tps)
+    return {"prefill_s": [x.prefill_s for x in gens], "decode_s": [x.decode_s for x in gens], "decode_tps": tps,
+            "n_tokens_reps": [len(x.tokens) for x in gens], "e2e_tps": [x.e2e_tps for x in gens],
+            "outlier_reps": [r for r, t in enumerate(tps) if t < median / OUTLIER_FACTOR],
+            # the typical round, untouched by rare slow ones (a recompile, a stall): per-round cost side by side
+            "round_ms_median": 1e3 * statistics.median([r.seconds for x in gens for r in x.rounds if not r.with_first]
+                                                 or [float("nan")]),
+            "peak_memory_bytes": max(x.peak_bytes for x in gens), "cache_bytes": gens[0].cache_bytes}
