@@ -55,9 +55,10 @@ def positions_needed(prompt_tokens: int, max_new_tokens: int, block: int) -> int
 
 
 def fit_prompt(ids: list[int], max_new_tokens: int, block: int, context: int | None, where: str,
-               truncate: bool) -> tuple[list[int], int | None]:
+               truncate: bool, first_fix: str = "") -> tuple[list[int], int | None]:
     """(ids, None) when the prompt fits the model's context with the budget and a block; else
-    the last tokens that fit and the length they were cut from (truncate=True), or ConfigError."""
+    the last tokens that fit and the length they were cut from (truncate=True), or ConfigError
+    (whose fix starts with `first_fix` when given)."""
     if context is None:
         return ids, None
     need = positions_needed(len(ids), max_new_tokens, block)
@@ -68,6 +69,7 @@ def fit_prompt(ids: list[int], max_new_tokens: int, block: int, context: int | N
         fix = ("lower bench.max_new_tokens" if room < 1 else
                "shorten the prompt, lower bench.max_new_tokens, or set bench.truncate_prompts=true to keep its "
                f"last {room} tokens")
+        fix = f"{first_fix}, {fix[0].lower()}{fix[1:]}" if first_fix else fix
         raise ConfigError(f"{where}: {len(ids)} prompt tokens + {max_new_tokens} new tokens + {max(block - 1, 0)} "
                           f"of a last block need {need} positions; the model holds {context} "
                           f"(max_position_embeddings); {fix}")

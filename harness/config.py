@@ -76,6 +76,8 @@ class BenchConfig:
     stop_at_eos: bool = False  # benchmarks generate exactly max_new_tokens by default
     truncate_prompts: bool = False  # a prompt too long for the model's context: false refuses the cell,
     #                                 true keeps its last tokens that fit (the record says how many it had)
+    context: int = 0  # tokens of earlier conversation before each prompt (harness/context.py); 0 = none
+    context_source: str = "sharegpt"  # where that conversation comes from: sharegpt (the packaged file) or a file
 
 
 @dataclass
@@ -210,7 +212,7 @@ def validate(cfg) -> None:
         check_block(cfg.method.block_size, b.max_new_tokens)
     if cfg.lock_timeout_s is not None and cfg.lock_timeout_s < 0:
         raise ConfigError(f"lock_timeout_s={cfg.lock_timeout_s} is not valid; use null (wait) or seconds >= 0")
-    for key, low in (("max_new_tokens", 1), ("reps", 1), ("warmup", 0), ("seed", 0), ("cooldown_s", 0)):
+    for key, low in (("max_new_tokens", 1), ("reps", 1), ("warmup", 0), ("seed", 0), ("cooldown_s", 0), ("context", 0)):
         if getattr(b, key) < low:
             raise ConfigError(f"bench.{key}={getattr(b, key)} is not valid; it must be >= {low}")
     if b.temperature < 0:
@@ -239,10 +241,18 @@ def canonical_cell(cfg) -> dict:
         "arch": arch,
         "method": method,
         "kv": OmegaConf.to_container(cfg.kv, resolve=True) if cfg.kv.name in ("q8", "q4") else {"name": cfg.kv.name},
-        "bench": OmegaConf.to_container(cfg.bench, resolve=True),
+        "bench": _bench_cell(cfg.bench),
         "rollback": cfg.rollback if method["name"] != "base" else None,
         "reference": cfg.reference if method["name"] != cfg.reference else None,
     }
+
+
+def _bench_cell(bench) -> dict:
+    out = OmegaConf.to_container(bench, resolve=True)
+    if not out.get("context"):  # no context: ids of cells recorded before the axis existed stay as they were
+        out.pop("context", None)
+        out.pop("context_source", None)
+    return out
 
 
 DEFAULT_FIXTURE_DRAFT_MODEL = "fixture:llama"  # every fixture shares one tokenizer; llama is the plain one

@@ -98,7 +98,8 @@ def run_generation(engine: Engine, ids: list[int], max_new_tokens: int, sampler:
 def round_table(gen: Generation) -> dict:
     """The record's per-round columns: column-oriented arrays, compact in JSON, direct to a DataFrame."""
     table = {"drafted": [r.drafted for r in gen.rounds], "accepted": [r.accepted for r in gen.rounds],
-             "emitted": [len(r.emitted) for r in gen.rounds], "ms": [round(r.seconds * 1e3, 4) for r in gen.rounds]}
+             "emitted": [len(r.emitted) for r in gen.rounds], "ms": [round(r.seconds * 1e3, 4) for r in gen.rounds],
+             "position": _positions(gen)}
     if any(r.tree_size for r in gen.rounds):
         table["tree_size"] = [r.tree_size for r in gen.rounds]
     phases = sorted({p for r in gen.rounds for p in (r.phases or {})})
@@ -106,6 +107,16 @@ def round_table(gen: Generation) -> dict:
         table["phase_ms"] = {p: [round((r.phases or {}).get(p, 0.0) * 1e3, 4) for r in gen.rounds]
                              for p in phases}
     return table
+
+
+def _positions(gen: Generation) -> list[int]:
+    # The output position (index into gen.tokens) of each round's first token: depth, for acceptance by depth.
+    first = len(gen.tokens) - sum(len(r.emitted) for r in gen.rounds)  # the prefill's token(s)
+    out = []
+    for r in gen.rounds:
+        out.append(first)
+        first += len(r.emitted)
+    return out
 
 
 OUTLIER_FACTOR = 3.0  # a rep slower than median / this is flagged, never silently averaged

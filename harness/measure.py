@@ -39,6 +39,7 @@ import mlx.core as mx
 
 from engines.base import Engine
 from engines.sampling import Sampler
+from harness import context as contexts
 from harness.bounds import fit_prompt, verify_sizes
 from harness.calibrate import calibrate, compare_rollbacks, context_scaling
 from harness.divergence import divergence, divergence_margin
@@ -79,15 +80,18 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
     sampler = Sampler(bench.temperature, bench.seed)
     stop = frozenset(tokenizer.eos_token_ids) if bench.stop_at_eos else frozenset()
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
-    check_prompts(units, tokenizer, bench, arms.block, context)
+    ctx = contexts.build(tokenizer, bench.context, bench.context_source, bench.chat_template)
+    check_prompts(units, tokenizer, bench, arms.block, context, ctx)
     items, reps_m, reps_b = [], [[] for _ in range(bench.reps)], [[] for _ in range(bench.reps)]
     answers: dict[str, list[str]] = {}
-    calibration = None
+    calibration, cell_context = None, None
     warm_every = warmup_every_prompt(bench)
     wall = WallClock()
     for u, (prompt, turn) in enumerate(units):
-        ids = encode_turn(tokenizer, prompt, turn, answers.get(prompt.id, []), bench.chat_template)
-        ids, cut_from = fit_prompt(ids, bench.max_new_tokens, arms.block, context, _where(prompt, turn),
+        ids = encode_turn(tokenizer, prompt, turn, answers.get(prompt.id, []), bench.chat_template,
+                          ctx.messages if ctx else ())
+        placed = _context_ids(tokenizer, prompt, turn, answers.get(prompt.id, []), bench, ids) if ctx else None
+        ids, cut_from = fit_prompt(ids, bench.max_new_tokens, arms.block, context, _where(prompt, turn, ctx),
                                    bench.truncate_prompts)
 
         def run(eng, profile=False, keep_scores=False, max_new_tokens=bench.max_new_tokens):
@@ -123,6 +127,9 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
             bprof = run(arms.base, profile=True) if prof and arms.base and arms.reference_is_base else None
         item = _prompt_item(prompt, turn, ids, gm, gb, prof)
         item["arm_order"] = order
+        if placed is not None:
+            item.update(context_tokens=len(placed), context_sha256=contexts.ids_sha256(placed))
+            cell_context = cell_context or contexts.describe(ctx, placed)
         if cut_from is not None:
             item["truncated_from"] = cut_from  # prompt tokens before bench.truncate_prompts kept the last ones
         if bprof:
@@ -139,7 +146,8 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
     summary["verify_cost_ratio"] = calibration["verify_cost_ratio"]  # verify of a full block / one decode step
     summary["model"] = speedup_model(items, summary, calibration, arms.block,
                                      arms.method.incremental_verify, arms.method.verifies_full_block)
-    return {"prompts": items, "calibration": calibration, "summary": summary, "wall": wall.seconds}
+    out = {"prompts": items, "calibration": calibration, "summary": summary, "wall": wall.seconds}
+    return {**out, "context": cell_context} if cell_context else out
 
 
 class WallClock:
@@ -198,20 +206,30 @@ def _timed_reps(arms: Arms, run, unit: int, bench) -> tuple[list[Generation], li
     return gm, gb, order
 
 
-def check_prompts(units, tokenizer, bench, block: int, context: int | None) -> None:
+def check_prompts(units, tokenizer, bench, block: int, context: int | None,
+                  ctx: contexts.Context | None = None) -> None:
     """ConfigError for the first prompt (turn) that cannot fit the model's context with the
-    token budget, before anything runs. A later turn is charged its earlier answers at
-    max_new_tokens each (their exact length is known only once they are generated)."""
+    token budget (and bench.context's earlier conversation), before anything runs. A later
+    turn is charged its earlier answers at max_new_tokens each (their exact length is known
+    only once they are generated)."""
     if context is None:
         return
     for prompt, turn in units:
-        ids = encode_turn(tokenizer, prompt, turn, [""] * turn, bench.chat_template)
+        ids = encode_turn(tokenizer, prompt, turn, [""] * turn, bench.chat_template, ctx.messages if ctx else ())
         fit_prompt([0] * (len(ids) + turn * bench.max_new_tokens), bench.max_new_tokens, block, context,
-                   _where(prompt, turn), bench.truncate_prompts)
+                   _where(prompt, turn, ctx), bench.truncate_prompts, "lower bench.context" if ctx else "")
 
 
-def _where(prompt: Prompt, turn: int) -> str:
-    return f"prompt {prompt.id!r}" + (f" turn {turn + 1}" if len(prompt.turns) > 1 else "")
+def _where(prompt: Prompt, turn: int, ctx: contexts.Context | None = None) -> str:
+    where = f"prompt {prompt.id!r}" + (f" turn {turn + 1}" if len(prompt.turns) > 1 else "")
+    return where + (f" after bench.context={ctx.requested} tokens of earlier conversation" if ctx else "")
+
+
+def _context_ids(tokenizer, prompt: Prompt, turn: int, answers: list[str], bench, ids: list[int]) -> list[int]:
+    # The context's own ids inside this prompt's: the record's proof that every prompt, arm and rep read the same.
+    bare = encode_turn(tokenizer, prompt, turn, answers, bench.chat_template)
+    start, end = contexts.span(ids, bare)
+    return ids[start:end]
 
 
 def _calibrate_cell(arms: Arms, ids: list[int], sampler: Sampler, warm: Generation | None,

@@ -242,9 +242,11 @@ def _parse_line(line: str, where: str, default_id: str, default_category: str) -
     return Prompt(str(pid), str(obj.get("category", default_category)), tuple(turns))
 
 
-def encode_turn(tokenizer, prompt: Prompt, turn: int, answers: list[str], chat_template: bool) -> list[int]:
-    """Token ids of `prompt` up to user turn `turn`, earlier turns answered by `answers`."""
-    messages = []
+def encode_turn(tokenizer, prompt: Prompt, turn: int, answers: list[str], chat_template: bool,
+                context: tuple[dict, ...] = ()) -> list[int]:
+    """Token ids of `prompt` up to user turn `turn`, earlier turns answered by `answers`, after
+    the `context` messages (bench.context's earlier conversation, harness/context.py)."""
+    messages = list(context)
     for j in range(turn + 1):
         messages.append({"role": "user", "content": prompt.turns[j]})
         if j < turn:

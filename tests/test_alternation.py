@@ -7,17 +7,17 @@ geometric mean. The tests replace each generation's measured decode time by a sy
 one (0.1 s, plus the delay when first) so the check is exact, not at the mercy of noise.
 """
 
-from types import SimpleNamespace
 
 import pytest
 
 from engines.autoregressive import Autoregressive
 from engines.target import Target
 from harness import measure
+from harness.config import BenchConfig
 from harness.measure import Arms, measure_cell
 from tests.conftest import builtin_prompts
 
-BENCH = SimpleNamespace(temperature=0.0, seed=0, stop_at_eos=False, truncate_prompts=False, max_new_tokens=6, warmup=0,
+BENCH = BenchConfig(temperature=0.0, seed=0, stop_at_eos=False, truncate_prompts=False, max_new_tokens=6, warmup=0,
                         warmup_scope="first", reps=4, cooldown_s=0.0, profile=False, chat_template=True)
 DELAY_S, DECODE_S = 0.5, 0.1
 

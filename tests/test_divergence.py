@@ -1,6 +1,5 @@
 """Divergence analysis on a method with a planted bug: where it leaves base, and why."""
 
-from types import SimpleNamespace
 
 import mlx.core as mx
 import pandas as pd
@@ -9,6 +8,7 @@ import pytest
 from engines.autoregressive import Autoregressive
 from engines.ngram import Ngram
 from engines.target import Target
+from harness.config import BenchConfig
 from harness.measure import Arms, measure_cell
 from harness.prompts import encode_turn
 from report.frames import prompts as prompt_frame
@@ -23,7 +23,7 @@ class KeepsOneRejected(Ngram):
         self.target.commit(min(n_accepted + 2, len(draft.tokens) + 1))
 
 
-BENCH = SimpleNamespace(temperature=0.0, seed=0, stop_at_eos=False, truncate_prompts=False, max_new_tokens=32, warmup=0,
+BENCH = BenchConfig(temperature=0.0, seed=0, stop_at_eos=False, truncate_prompts=False, max_new_tokens=32, warmup=0,
                         warmup_scope="first", reps=1, cooldown_s=0.0, profile=False, chat_template=True)
 
 

@@ -2,6 +2,7 @@
 engine emits it one step at a time or a drafting round emits it mid-round; with
 bench.stop_at_eos the record's outputs end there too, and without it they run to the budget."""
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -97,7 +98,7 @@ def test_stop_at_eos_ends_both_arms_outputs_in_the_record_at_the_eos_and_only_wi
     single = ((p, encode_turn(tok, p, 0, [], BENCH.chat_template)) for p in builtin_prompts() if len(p.turns) == 1)
     prompt, full, j = _first_run_with(_dflash, model, single, _mid_round_stop)
     for stop_at_eos, n in ((True, j + 1), (False, N)):
-        bench = SimpleNamespace(**{**vars(BENCH), "max_new_tokens": N, "reps": 1, "stop_at_eos": stop_at_eos})
+        bench = replace(BENCH, max_new_tokens=N, reps=1, stop_at_eos=stop_at_eos)
         method = _dflash(model)
         arms = Arms(method, base_engine(model), method.block)
         out = measure_cell(arms, _StopsAt(tok, {full.tokens[j]}), [prompt], bench)

@@ -12,6 +12,7 @@ import mlx.core as mx
 import pytest
 
 from harness.errors import ConfigError
+from harness import sharegpt as harness_sharegpt
 from train import sharegpt
 from train.data import normalise
 
@@ -30,7 +31,7 @@ def _cut_file(path: Path, convs: list[dict], cut_inside_last: bool = True) -> No
 
 
 def test_sharegpt_reader_recovers_whole_conversations_from_a_file_cut_short(tmp_path, monkeypatch):
-    monkeypatch.setattr(sharegpt, "CHUNK", 64)  # elements span many reads
+    monkeypatch.setattr(harness_sharegpt, "CHUNK", 64)  # elements span many reads
     convs = [_conversation(0, "human", "How do I sort a list in Python?"),
              _conversation(1, "gpt", "A model speaking first is not a user's prompt"),
              _conversation(2, "human", "  "),  # empty
