@@ -74,6 +74,15 @@ def sampled(bench: dict) -> bool:
     return (bench.get("temperature") or 0) > 0
 
 
+# Bench keys that mean something only in some cells (the harness writes context_source only
+# with a context): compared, and named, only where they apply.
+APPLIES = {"context_source": lambda b: (b.get("context") or 0) > 0}
+
+
+def _applies(key: str, bench: dict) -> bool:
+    return APPLIES.get(key, lambda b: True)(bench)
+
+
 def _bench_item(key: str, value) -> str:
     if key == "temperature":  # a sampled cell says so wherever it is named
         return f"T={float(value or 0)}" + (", sampled" if (value or 0) > 0 else "")
@@ -84,7 +93,8 @@ def bench_labels(records, leave_out: tuple[str, ...] = ()) -> dict[str, str]:
     """cell id -> the bench settings that tell it from other cells of its arch ('' where all
     share them): merged runs of two suites, or two token budgets, must not make rows that look
     identical. Where any cell of the arch samples, every cell of it names its temperature
-    ("T=1.0, sampled"), varying or not. `leave_out`: keys a table shows in columns of their own."""
+    ("T=1.0, sampled"), varying or not. A key that applies to some cells only (`APPLIES`) is
+    compared and named among those. `leave_out`: keys a table shows in columns of their own."""
     by_arch: dict[str, list[tuple[str, dict]]] = {}
     for _, rec in records:
         by_arch.setdefault(rec["cell"]["arch"]["name"], []).append((rec["cell_id"], bench_of(rec)))
@@ -92,10 +102,10 @@ def bench_labels(records, leave_out: tuple[str, ...] = ()) -> dict[str, str]:
     for group in by_arch.values():
         keys = sorted({k for _, b in group for k in b} - set(leave_out))
         any_sampled = any(sampled(b) for _, b in group)
-        shown = [k for k in keys if len({json.dumps(b.get(k), sort_keys=True) for _, b in group}) > 1
+        shown = [k for k in keys if len({json.dumps(b.get(k), sort_keys=True) for _, b in group if _applies(k, b)}) > 1
                  or (k == "temperature" and any_sampled)]
         for cid, b in group:
-            out[cid] = ", ".join(_bench_item(k, b.get(k)) for k in shown)
+            out[cid] = ", ".join(_bench_item(k, b.get(k)) for k in shown if _applies(k, b))
     return out
 
 

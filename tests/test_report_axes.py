@@ -81,8 +81,8 @@ def _record(method, context=0, temperature=0.0, speedup=1.5, ci=(1.2, 1.8), dive
     older record would."""
     bench = {"suite": "mtbench", "max_new_tokens": 64, "reps": 3, "temperature": temperature, "seed": 0}
     held = None
-    if context:
-        bench["context"] = context
+    if context:  # the harness writes both keys only where there is a context
+        bench.update(context=context, context_source="sharegpt")
         held = context - 7  # the source ran short of a whole turn: what the prompts really held
     base = method == "base"
     items = [_item("81", DETAIL_A, diverged_at, held, phase_ms), _item("82", DETAIL_B, None, held, phase_ms)]
