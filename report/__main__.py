@@ -1,9 +1,9 @@
 """`python -m report <results dir>`: an ADR-ready report from the records in a directory.
 
-Writes report.md (setup, protocol, tables, plots), report.csv (one row per cell),
-categories.csv (one row per cell and prompt category), prompts.csv (one row per prompt
-and turn), profiles.csv and four PNG plots into the directory, and prints the
-per-architecture tables.
+Writes report.md (setup, protocol, tables, the axes section, plots), report.csv (one row per
+cell), categories.csv (one row per cell and prompt category), prompts.csv (one row per prompt
+and turn), profiles.csv, depth.csv (one row per cell and depth bin) and the PNG plots into the
+directory, and prints the per-architecture tables.
 
 Every *.json under the directory that is not a readable record is named on stderr and in
 report.md; `--strict` makes that exit 1 (after writing the report), for CI. Exit codes: 0
@@ -57,8 +57,8 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 3
     print(arch_tables(df))
-    print(f"{len(df)} cells -> {md} (+ report.csv, categories.csv, prompts.csv, profiles.csv, *.png in {root})",
-          file=sys.stderr)
+    print(f"{len(df)} cells -> {md} (+ report.csv, categories.csv, prompts.csv, profiles.csv, depth.csv, *.png "
+          f"in {root})", file=sys.stderr)
     if unread and strict:
         print(f"error: {len(unread)} file(s) under {root} could not be read as records (--strict)", file=sys.stderr)
         return 1

@@ -12,9 +12,11 @@ import pandas as pd
 from harness import stats
 
 from report import plots
-from report.frames import accept_hists, categories, cells, outside_arms, profiles, prompts
-from report.tables import (CATEGORY_CAPTION, arch_tables, category_tables, divergence_table, model_table,
-                           outside_table, profile_table, resources_table)
+from report.frames import (DEPTH_BIN, accept_hists, along, axis_values, bench_of, categories, cells, depth,
+                           outside_arms, profiles, prompts, sampled)
+from report.tables import (CATEGORY_CAPTION, arch_tables, category_tables, context_table, depth_summary_table,
+                           divergence_table, model_table, outside_table, profile_table, resources_table,
+                           temperature_table)
 
 
 def _distinct(records, get) -> str:
@@ -42,6 +44,7 @@ def header(root: Path, records) -> str:
         f"{bench('per_category')}, categories {bench('categories')}; {bench('max_new_tokens')} new tokens per generation "
         f"(EOS ignored: {bench('stop_at_eos')} = stop_at_eos), temperature {bench('temperature')}, seed {bench('seed')}",
         *_source_lines(records),
+        *_context_lines(records),
         f"- Each method cell runs its method arm and its reference arm side by side on every prompt, "
         f"{bench('reps')} timed reps after {bench('warmup')} warm-up generation(s) per arm, the order of the two "
         f"alternating from rep to rep and prompt to prompt (the records' `arm_order`), the allocator's cache "
@@ -95,6 +98,20 @@ def _source_lines(records) -> list[str]:
             seen.setdefault(f"`{s['spec']}`: {pkg}`{Path(s['path']).name}` ({s['prompts']} prompts, sha256 "
                             f"{s['sha256'][:12]})", None)
     return [f"- Prompt files: {'; '.join(seen)}"] if seen else []
+
+
+def _context_lines(records) -> list[str]:
+    # Where cells put earlier conversation before each prompt: how much, and from which file.
+    seen = {}
+    for _, rec in records:
+        c = rec.get("context")
+        if c:
+            seen.setdefault(f"{c.get('requested')} tokens requested ({c.get('tokens')} held) from "
+                            f"`{c.get('source')}` (sha256 {str(c.get('sha256'))[:12]})", None)
+    if not seen:
+        return []
+    return [f"- Context: earlier conversation placed before each prompt, {'; '.join(seen)}; the prompt's own "
+            "tokens follow it, and new tokens are counted from there."]
 
 
 def _cut_note(records) -> list[str]:
@@ -155,6 +172,9 @@ def _write_into(root: Path, out: Path) -> pd.DataFrame:
     cat.to_csv(out / "categories.csv", index=False)
     pr.to_csv(out / "prompts.csv", index=False)
     prof.to_csv(out / "profiles.csv", index=False)
+    dep = depth(records)
+    if len(dep):
+        dep.to_csv(out / "depth.csv", index=False)
     pngs = [plots.speedup_vs_block(df, out / "speedup_vs_block.png"),
             plots.tau_histograms(hists, out / "tau_histograms.png"),
             plots.profile_bars(prof, out / "profile.png"),
@@ -162,6 +182,7 @@ def _write_into(root: Path, out: Path) -> pd.DataFrame:
     doc = [header(root, records),
            "## Results", "", arch_tables(df),
            "## Results by prompt category", "", CATEGORY_CAPTION, "", category_tables(cat),
+           *axes_section(records, dep, out),
            *(["## Outside implementations", "",
                "Arms whose generation loop is not the harness's: reference implementations, engine processes "
                "(subprocess protocol) and servers. They are timed on the same prompts the same way; what each "
@@ -207,12 +228,50 @@ def _write_into(root: Path, out: Path) -> pd.DataFrame:
     return df
 
 
+DEPTH_CAPTION = (
+    "Each round counted in the bin of {width} output positions that holds its first emitted token (position 0 is "
+    "the prefill's token), pooled over a cell's prompts and turns; tau = tokens emitted per round in the bin, "
+    "acceptance = accepted / drafted drafts in it. A later bin pools fewer prompts (those that ran that far): "
+    "read its rounds before its tau. Cells that draft nothing yield one token a round at every depth and are "
+    "left out. Every bin of every cell: depth.csv.")
+
+CONTEXT_CAPTION = (
+    "The same cells at each context length (bench.context: tokens of earlier conversation placed before "
+    "every prompt; `context tokens` is what the prompts held). Speedup is paired within each cell, so each "
+    "row compares the method with its reference at that context. The phases are the profiled run's mean ms "
+    "per round, costliest first: a cost that grows with the context (a verify's attention, a drafter's "
+    "context pass) shows there; TTFT holds the prefill and the method's pass over the prompt.")
+
+TEMPERATURE_CAPTION = (
+    "The same cells at each sampling temperature (0 = greedy). At T > 0 both arms sample and drafts are "
+    "accepted by the rejection rule, so acceptance falls as the distributions flatten; the outputs leave the "
+    "greedy output by design, which is not a defect (the distribution tests check those methods).")
+
+
+def axes_section(records, dep: pd.DataFrame, out: Path) -> list[str]:
+    """The report along the axes users ask about, each table with its plot written into `out`:
+    acceptance by decode depth (whenever cells ran rounds), speedup by context length and by
+    temperature (only where the cells ran more than one value)."""
+    parts = []
+    if len(dep):
+        png = plots.tau_by_depth(dep, out / "tau_by_depth.png")
+        parts += ["### Acceptance by decode depth", "", DEPTH_CAPTION.format(width=DEPTH_BIN), "",
+                  depth_summary_table(dep), f"![{png.stem}]({png.name})", ""]
+    for axis, title, caption, table, plot in (
+            ("context", "Context length", CONTEXT_CAPTION, context_table, plots.speedup_vs_context),
+            ("temperature", "Temperature", TEMPERATURE_CAPTION, temperature_table, plots.speedup_vs_temperature)):
+        if len(axis_values(records, axis)) > 1:
+            frame = along(records, axis)
+            png = plot(frame, out / f"speedup_vs_{axis}.png")
+            parts += [f"### {title}", "", caption, "", table(frame), f"![{png.stem}]({png.name})", ""]
+    return ["## Axes", "", *parts] if parts else []
+
+
 def _sampled_note(records) -> str:
     """A sentence for runs with cells sampled at temperature > 0, whose outputs leave the
     greedy output by design: there a divergence and its margin measure nothing wrong."""
-    sampled = sorted({r["cell"]["method"]["name"] for _, r in records
-                      if (r["cell"].get("bench") or {}).get("temperature", 0) > 0})
-    if not sampled:
+    names = sorted({r["cell"]["method"]["name"] for _, r in records if sampled(bench_of(r))})
+    if not names:
         return ""
-    return (f" Cells sampled at temperature > 0 ({', '.join(sampled)}) leave the greedy output by design: "
+    return (f" Cells sampled at temperature > 0 ({', '.join(names)}) leave the greedy output by design: "
             "their divergences and margins say nothing about a bug; the distribution tests check those methods.")

@@ -60,25 +60,59 @@ def arch_labels(records) -> dict[str, str]:
     return labels
 
 
-def bench_labels(records) -> dict[str, str]:
+# Bench keys added after records were first written, and the value an older record ran with.
+BENCH_DEFAULTS = {"context": 0}
+
+
+def bench_of(rec: dict) -> dict:
+    """The cell's bench config, with the defaults of keys its record predates."""
+    return {**BENCH_DEFAULTS, **(rec["cell"].get("bench") or {})}
+
+
+def sampled(bench: dict) -> bool:
+    """Whether the cell samples (temperature > 0): its outputs leave the greedy output by design."""
+    return (bench.get("temperature") or 0) > 0
+
+
+# Bench keys that mean something only in some cells (the harness writes context_source only
+# with a context): compared, and named, only where they apply.
+APPLIES = {"context_source": lambda b: (b.get("context") or 0) > 0}
+
+
+def _applies(key: str, bench: dict) -> bool:
+    return APPLIES.get(key, lambda b: True)(bench)
+
+
+def _bench_item(key: str, value) -> str:
+    if key == "temperature":  # a sampled cell says so wherever it is named
+        return f"T={float(value or 0)}" + (", sampled" if (value or 0) > 0 else "")
+    return f"{key}={value}"
+
+
+def bench_labels(records, leave_out: tuple[str, ...] = ()) -> dict[str, str]:
     """cell id -> the bench settings that tell it from other cells of its arch ('' where all
     share them): merged runs of two suites, or two token budgets, must not make rows that look
-    identical."""
+    identical. Where any cell of the arch samples, every cell of it names its temperature
+    ("T=1.0, sampled"), varying or not. A key that applies to some cells only (`APPLIES`) is
+    compared and named among those. `leave_out`: keys a table shows in columns of their own."""
     by_arch: dict[str, list[tuple[str, dict]]] = {}
     for _, rec in records:
-        by_arch.setdefault(rec["cell"]["arch"]["name"], []).append((rec["cell_id"], rec["cell"].get("bench") or {}))
+        by_arch.setdefault(rec["cell"]["arch"]["name"], []).append((rec["cell_id"], bench_of(rec)))
     out = {}
     for group in by_arch.values():
-        keys = sorted({k for _, b in group for k in b})
-        varying = [k for k in keys if len({json.dumps(b.get(k), sort_keys=True) for _, b in group}) > 1]
+        keys = sorted({k for _, b in group for k in b} - set(leave_out))
+        any_sampled = any(sampled(b) for _, b in group)
+        shown = [k for k in keys if len({json.dumps(b.get(k), sort_keys=True) for _, b in group if _applies(k, b)}) > 1
+                 or (k == "temperature" and any_sampled)]
         for cid, b in group:
-            out[cid] = ", ".join(f"{k}={b.get(k)}" for k in varying)
+            out[cid] = ", ".join(_bench_item(k, b.get(k)) for k in shown if _applies(k, b))
     return out
 
 
-def cell_labels(records) -> dict[str, tuple[str, str]]:
-    """cell id -> (arch label, bench label): what `_keys` needs to name a cell in any frame."""
-    arch, bench = arch_labels(records), bench_labels(records)
+def cell_labels(records, leave_out: tuple[str, ...] = ()) -> dict[str, tuple[str, str]]:
+    """cell id -> (arch label, bench label): what `_keys` needs to name a cell in any frame;
+    `leave_out` as for `bench_labels`."""
+    arch, bench = arch_labels(records), bench_labels(records, leave_out)
     return {cid: (arch[cid], bench[cid]) for cid in arch}
 
 
@@ -110,6 +144,7 @@ def cells(root: Path, records=None) -> pd.DataFrame:
                "rollback": rec.get("engine", {}).get("rollback"), "backend": env.get("backend"),
                "blas_kind": env.get("blas_kind"), "host": env.get("host"),
                "other_cpu_share": (rec.get("load") or {}).get("other_cpu_share"),
+               "temperature": bench_of(rec).get("temperature"), "context": bench_of(rec)["context"],
                "cell_id": rec["cell_id"], "path": str(path)}
         row.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
         row["per_position_acceptance"] = summary.get("per_position_acceptance")
@@ -135,7 +170,7 @@ def prompts(root: Path, records=None) -> pd.DataFrame:
     rows = []
     for _, rec in records:
         for item in rec.get("prompts", []):
-            row = {**_keys(rec, labels), "cell_id": rec["cell_id"],
+            row = {**_keys(rec, labels), "cell_id": rec["cell_id"], "temperature": bench_of(rec).get("temperature"),
                    **{k: v for k, v in item.items() if not isinstance(v, (list, dict))}}
             row.update({f"divergence_{k}": v for k, v in (item.get("divergence") or {}).items()})
             rows.append(row)
@@ -276,3 +311,103 @@ def outside_arms(records) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["cell_id", "method", "reference", "arm", "implementation", "version",
                                        "launch", "observed", "status"])
 
+
+DEPTH_BIN = 16  # output tokens per depth bin: a few rounds of a block-8 method per prompt, many in a run
+
+
+def round_emitted(detail: dict) -> list[int]:
+    """Tokens each round emitted: the `emitted` column, or accepted + 1 in records written before it."""
+    return detail["emitted"] if "emitted" in detail else [a + 1 for a in detail["accepted"]]
+
+
+def round_positions(detail: dict) -> list[int]:
+    """The output position (0-based index into the generated tokens) of each round's first
+    emitted token: the record's `position` column, or, in records written before it, 1 + the
+    tokens the earlier rounds emitted (token 0 is the prefill's, not a round's)."""
+    emitted = round_emitted(detail)
+    if "position" in detail:
+        assert len(detail["position"]) == len(emitted), "rounds_detail: one position per round"
+        return list(detail["position"])
+    out, pos = [], 1
+    for n in emitted:
+        out.append(pos)
+        pos += n
+    return out
+
+
+def depth_table(details: list[dict], width: int = DEPTH_BIN) -> list[dict]:
+    """Rounds pooled by decode depth over `details` (a cell's rounds_detail columns, one per
+    prompt and turn): one row per bin of `width` output positions that holds a round, in
+    order. A round falls in the bin of its first emitted token's position. Each row: bin,
+    depth_lo / depth_hi (its first and last position), rounds, emitted, drafted, accepted,
+    tau = emitted / rounds, acceptance_rate = accepted / drafted (None where nothing was drafted)."""
+    assert width >= 1, f"depth bin width must be >= 1 token, got {width}"
+    bins: dict[int, list[int]] = {}  # bin -> [rounds, emitted, drafted, accepted]
+    for d in details:
+        for pos, e, k, a in zip(round_positions(d), round_emitted(d), d["drafted"], d["accepted"], strict=True):
+            acc = bins.setdefault(pos // width, [0, 0, 0, 0])
+            for j, v in enumerate((1, e, k, a)):
+                acc[j] += v
+    return [{"bin": b, "depth_lo": b * width, "depth_hi": (b + 1) * width - 1, "rounds": n, "emitted": e,
+             "drafted": k, "accepted": a, "tau": e / n, "acceptance_rate": a / k if k else None}
+            for b, (n, e, k, a) in sorted(bins.items())]
+
+
+AXES = ("context", "temperature")  # bench axes the report reads along, each in a column of its own
+
+
+def depth(records, width: int = DEPTH_BIN) -> pd.DataFrame:
+    """One row per (cell that ran, depth bin): `depth_table` over the method arm's rounds of
+    all the cell's prompts, the cell named without its context and temperature (columns of
+    their own). Cells whose acceptance the record could not observe are left out."""
+    labels = cell_labels(records, leave_out=AXES)
+    rows = []
+    for _, rec in records:
+        if rec.get("status") != "ok" or (rec.get("summary") or {}).get("acceptance_unobserved"):
+            continue
+        details = [i["rounds_detail"] for i in rec.get("prompts", []) if i.get("rounds_detail")]
+        bench = bench_of(rec)
+        for row in depth_table(details, width):
+            rows.append({**_keys(rec, labels), "context": bench["context"], "temperature": bench.get("temperature"),
+                         "cell_id": rec["cell_id"], **row})
+    df = pd.DataFrame(rows, columns=["arch", "method", "block_size", "kv", "context", "temperature", "cell_id", "bin",
+                                     "depth_lo", "depth_hi", "rounds", "emitted", "drafted", "accepted", "tau",
+                                     "acceptance_rate"])
+    df["block_size"] = df["block_size"].astype("Int64")
+    return df
+
+
+def axis_values(records, axis: str) -> list:
+    """The distinct values of bench `axis` over the cells that ran, sorted: the report reads
+    along an axis only where it has more than one."""
+    return sorted({bench_of(rec).get(axis) for _, rec in records if rec.get("status") == "ok"} - {None})
+
+
+PHASE_PREFIX = "ms "  # an `along` column holding a phase's mean ms per round
+
+
+def along(records, axis: str) -> pd.DataFrame:
+    """One row per cell that ran, for reading bench `axis` (context, temperature): the cell
+    named without that axis, so one method's cells line up across its values; the value in
+    column `axis`; speedup and its reps CI, tau, acceptance, TTFT of both arms, the context
+    tokens the prompts had (mean over them), whether the cell is paired with a reference, and
+    one column per profiled phase ("ms verify": mean ms per round, `phase_means`)."""
+    labels = cell_labels(records, leave_out=(axis,))
+    rows = []
+    for _, rec in records:
+        if rec.get("status") != "ok":
+            continue
+        s, items = rec.get("summary") or {}, rec.get("prompts", [])
+        held = [i["context_tokens"] for i in items if i.get("context_tokens") is not None]
+        rows.append({**_keys(rec, labels), axis: bench_of(rec).get(axis), "cell_id": rec["cell_id"],
+                     "paired": rec["cell"].get("reference") is not None,
+                     **{k: s.get(k) for k in ("speedup", "speedup_ci_low", "speedup_ci_high", "tau",
+                                              "acceptance_rate", "ttft_ms", "base_ttft_ms")},
+                     "context_tokens": statistics.mean(held) if held else None,
+                     **{PHASE_PREFIX + p: ms for p, ms in phase_means(items).items()}})
+    columns = ["arch", "method", "block_size", "kv", axis, "cell_id", "paired", "speedup", "speedup_ci_low",
+               "speedup_ci_high", "tau", "acceptance_rate", "ttft_ms", "base_ttft_ms", "context_tokens"]
+    df = pd.DataFrame(rows)
+    df = df.reindex(columns=columns + [c for c in df.columns if c not in columns])  # the phases follow
+    df["block_size"] = df["block_size"].astype("Int64")
+    return df

@@ -106,6 +106,74 @@ def predicted_vs_measured(df: pd.DataFrame, path: Path) -> Path:
     return _save(fig, path)
 
 
+def tau_by_depth(dep: pd.DataFrame, path: Path) -> Path:
+    """tau against decode depth (each bin at its first position), one line per drafting cell
+    (named with its context and temperature where those vary): where acceptance fades."""
+    drafted = dep.groupby("cell_id")["drafted"].sum() if len(dep) else pd.Series(dtype=float)
+    sub = dep[dep["cell_id"].isin(drafted[drafted > 0].index)]
+    axes = [a for a in ("context", "temperature") if a in sub and sub[a].nunique(dropna=False) > 1]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for _, g in sub.groupby("cell_id", sort=False):
+        g = g.sort_values("bin")
+        r = g.iloc[0]
+        label = _label(r) + "".join(f" {'T' if a == 'temperature' else a}={r[a]}" for a in axes)
+        ax.plot(g["depth_lo"], g["tau"], marker="o", ms=3, label=label)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")  # one token a round: what base decoding yields
+    ax.set(xlabel="output position (start of the bin)", ylabel="tau (tokens per round)", title="tau by decode depth")
+    if len(sub):
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    else:
+        ax.text(0.5, 0.5, "no drafting cells", ha="center", va="center", transform=ax.transAxes)
+    return _save(fig, path)
+
+
+def _lines_with_band(ax, sub: pd.DataFrame, x: str, y: str = "speedup") -> None:
+    # One line per cell name (arch, method, block, kv) over `x`, its 95% CI as a band where the records have one.
+    for _, g in sub.groupby(["arch", "method", "block_size", "kv"], dropna=False, sort=True):
+        g = g.sort_values(x)
+        xs, ys = g[x].astype(float), g[y].astype(float)
+        line, = ax.plot(xs, ys, marker="o", ms=4, label=_label(g.iloc[0]))
+        lo, hi = g[f"{y}_ci_low"].astype(float), g[f"{y}_ci_high"].astype(float)
+        if lo.notna().any():
+            ax.fill_between(xs, lo.fillna(ys), hi.fillna(ys), color=line.get_color(), alpha=0.2, lw=0)
+
+
+def speedup_vs_context(ax_df: pd.DataFrame, path: Path) -> Path:
+    """Speedup against context length, one line per method paired with a reference, the
+    95% CI over reps as a band."""
+    sub = ax_df[ax_df["paired"].astype(bool) & ax_df["speedup"].notna()]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _lines_with_band(ax, sub, "context")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    positive = sub.loc[sub["context"] > 0, "context"]
+    if len(positive):  # contexts span decades (0, 512, 8192): linear near 0, logarithmic past the smallest
+        ax.set_xscale("symlog", linthresh=float(positive.min()))
+        ax.set_xticks(sorted(sub["context"].unique()), [str(int(c)) for c in sorted(sub["context"].unique())])
+    ax.set(xlabel="context tokens before each prompt", ylabel="speedup vs reference (paired)",
+           title="speedup by context length")
+    if len(sub):
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _save(fig, path)
+
+
+def speedup_vs_temperature(ax_df: pd.DataFrame, path: Path) -> Path:
+    """Speedup (95% CI band) and acceptance against sampling temperature, one line per method."""
+    sub = ax_df[ax_df["paired"].astype(bool) & ax_df["speedup"].notna()]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    _lines_with_band(left, sub, "temperature")
+    left.axhline(1.0, color="grey", lw=0.8, ls="--")
+    left.set(xlabel="temperature (0 = greedy)", ylabel="speedup vs reference (paired)", title="speedup by temperature")
+    for _, g in sub.groupby(["arch", "method", "block_size", "kv"], dropna=False, sort=True):
+        g = g.sort_values("temperature")
+        right.plot(g["temperature"].astype(float), g["acceptance_rate"].astype(float), marker="o", ms=4,
+                   label=_label(g.iloc[0]))
+    right.set(xlabel="temperature (0 = greedy)", ylabel="acceptance (accepted / drafted)", ylim=(0, 1),
+              title="acceptance by temperature")
+    if len(sub):
+        right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _save(fig, path)
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -51,6 +51,12 @@ def _order(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values(["method", "block_size", "kv"], na_position="first")
 
 
+def _sampled(r) -> bool:
+    # a row of a cell sampled at temperature > 0 (frames without the column: greedy)
+    t = r.get("temperature")
+    return t is not None and not pd.isna(t) and t > 0
+
+
 def cell_table(df: pd.DataFrame) -> str:
     """method x block size x kv for one arch: paired tok/s and speedup, acceptance, divergence."""
     rows = []
@@ -60,7 +66,9 @@ def cell_table(df: pd.DataFrame) -> str:
                          f"{r['status']}: {_one_line(r['reason'])}"])
             continue
         div = f"{int(r['diverged_prompts'])}/{int(r['prompts'])}"
-        if r["diverged_prompts"]:
+        if r["diverged_prompts"] and _sampled(r):
+            div += " (sampled: expected)"  # a sampled output leaves the greedy one by design
+        elif r["diverged_prompts"]:
             div += f" (first at {int(r['earliest_divergence'])})"
         rows.append([r["method"], _fmt(r["block_size"], "d"), r["kv"], _fmt(r["base_decode_tps"], ".1f"),
                      _fmt(r["decode_tps"], ".1f"), _speedup(r), _speedup(r, "speedup_prompts"),
@@ -155,7 +163,8 @@ def model_table(df: pd.DataFrame) -> str:
 
 def _control_outcomes(pr: pd.DataFrame) -> dict[tuple, str]:
     # (arch, block, kv, prompt, turn) -> what the control did there: "kept base" or its first index.
-    ctl = pr[pr["method"] == "control"]
+    # the label may carry bench settings ("control (T=0.0)"); a sampled control explains nothing
+    ctl = pr[(pr["method"].str.split().str[0] == "control") & ~pr.apply(_sampled, axis=1)]
     return {(r["arch"], r["block_size"], r["kv"], r["id"], r["turn"]):
             "kept base" if pd.isna(r["first_divergence"]) else f"left at {int(r['first_divergence'])}"
             for _, r in ctl.iterrows()}
@@ -163,7 +172,8 @@ def _control_outcomes(pr: pd.DataFrame) -> dict[tuple, str]:
 
 def divergence_table(pr: pd.DataFrame) -> str:
     """Each output that left base: where, the base margin there, and -- where the same
-    arch, block and kv were also run with method=control -- what the control did."""
+    arch, block and kv were also run with method=control -- what the control did; for a
+    cell sampled at temperature > 0, that leaving base is expected."""
     if pr.empty or "first_divergence" not in pr or pr["first_divergence"].isna().all():
         return "_No output left the base output._\n"
     control = _control_outcomes(pr)
@@ -175,7 +185,9 @@ def divergence_table(pr: pd.DataFrame) -> str:
                      int(r["first_divergence"]), _fmt(r["matched_fraction"], ".0%"),
                      _fmt(r.get("divergence_reference_margin"), ".2e"),
                      _fmt(r.get("divergence_method_token_rank"), ".0f"),
-                     "-" if r["method"] == "control" else control.get(key, "not run")])
+                     # sampled: no control can explain a draw, and none is needed
+                     "sampled: expected" if _sampled(r) else
+                     "-" if r["method"].split()[0] == "control" else control.get(key, "not run")])
     headers = ["arch", "method", "block", "kv", "prompt/turn", "first index", "matched",
                "base top1-top2 margin", "method token rank in base", "control (same block, kv)"]
     return _md(rows, headers) + "\n"
@@ -261,3 +273,81 @@ def outside_table(df: pd.DataFrame) -> str:
             for _, r in df.drop_duplicates(["method", "reference", "arm", "implementation", "launch"]).iterrows()]
     return _md(rows, ["cell", "arm", "implementation", "version", "launch", "not observable / how observed"])
 
+
+def _axis_order(df: pd.DataFrame, *axes: str) -> pd.DataFrame:
+    return df.sort_values(["arch", "method", "block_size", "kv", *axes], na_position="first")
+
+
+def _varying(df: pd.DataFrame, cols) -> list[str]:
+    # the axis columns whose values differ between rows: the only ones worth a column
+    return [c for c in cols if c in df and df[c].nunique(dropna=False) > 1]
+
+
+def _first_last(a, b, spec: str) -> str:
+    return f"{_fmt(a, spec)} / {_fmt(b, spec)}"
+
+
+def depth_summary_table(dep: pd.DataFrame) -> str:
+    """Per drafting cell, its first and last depth bins side by side (positions, rounds, tau,
+    acceptance), with context and temperature columns where those vary. Cells that drafted
+    nothing (base decoding, a control) emit one token a round at every depth: left out."""
+    drafted = dep.groupby("cell_id")["drafted"].sum() if len(dep) else pd.Series(dtype=float)
+    sub = dep[dep["cell_id"].isin(drafted[drafted > 0].index)]
+    if sub.empty:
+        return "_No drafting cells: no acceptance to read by depth._\n"
+    axes = _varying(sub, ["context", "temperature"])
+    rows = []
+    for _, g in _axis_order(sub, *axes).groupby("cell_id", sort=False):
+        g = g.sort_values("bin")
+        first, last = g.iloc[0], g.iloc[-1]
+        rows.append([first["arch"], first["method"], _fmt(first["block_size"], "d"), first["kv"],
+                     *[first[a] for a in axes],
+                     f"{first['depth_lo']}-{first['depth_hi']} / {last['depth_lo']}-{last['depth_hi']}",
+                     _first_last(first["rounds"], last["rounds"], "d"), _first_last(first["tau"], last["tau"], ".2f"),
+                     _first_last(first["acceptance_rate"], last["acceptance_rate"], ".1%"), len(g)])
+    headers = ["arch", "method", "block", "kv", *[{"temperature": "T"}.get(a, a) for a in axes],
+               "positions first / last bin", "rounds", "tau", "accept", "bins"]
+    return _md(rows, headers) + "\n"
+
+
+def _phase_costs(df: pd.DataFrame) -> list[str]:
+    # The profiled phases, costliest first over the whole table, so each row lists them in one order.
+    from report.frames import PHASE_PREFIX
+
+    cols = [c for c in df.columns if c.startswith(PHASE_PREFIX)]
+    return sorted(cols, key=lambda c: -df[c].fillna(0.0).sum())
+
+
+def _phases(r, cols: list[str]) -> str:
+    from report.frames import PHASE_PREFIX
+
+    parts = [f"{c[len(PHASE_PREFIX):]} {r[c]:.2f}" for c in cols if not pd.isna(r[c])]
+    return ", ".join(parts) if parts else "-"
+
+
+def context_table(ax: pd.DataFrame) -> str:
+    """method x context length (the `along(records, "context")` frame): speedup [95% CI: reps],
+    tau, acceptance, TTFT of both arms, and the ms per round of each profiled phase."""
+    if ax.empty:
+        return "_No cells ran._\n"
+    cols = _phase_costs(ax)
+    rows = [[r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"], _fmt(r["context"], "d"),
+             _fmt(r["context_tokens"], ".0f"), _speedup(r), _fmt(r["tau"], ".2f"), _fmt(r["acceptance_rate"], ".1%"),
+             _pair(r, "base_ttft_ms", "ttft_ms", ".1f"), _phases(r, cols)]
+            for _, r in _axis_order(ax, "context").iterrows()]
+    headers = ["arch", "method", "block", "kv", "context", "context tokens (mean)", "speedup [95% CI: reps]", "tau",
+               "accept", "TTFT ms reference/method", "ms per round by phase (profiled)"]
+    return _md(rows, headers) + "\n"
+
+
+def temperature_table(ax: pd.DataFrame) -> str:
+    """method x temperature (the `along(records, "temperature")` frame): speedup [95% CI: reps],
+    tau and acceptance; rows at T > 0 say they sampled."""
+    if ax.empty:
+        return "_No cells ran._\n"
+    rows = [[r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"],
+             "-" if pd.isna(r["temperature"]) else
+             f"{float(r['temperature'])}" + (" (sampled)" if _sampled(r) else " (greedy)"),
+             _speedup(r), _fmt(r["tau"], ".2f"), _fmt(r["acceptance_rate"], ".1%")]
+            for _, r in _axis_order(ax, "temperature").iterrows()]
+    return _md(rows, ["arch", "method", "block", "kv", "T", "speedup [95% CI: reps]", "tau", "accept"]) + "\n"

@@ -348,7 +348,7 @@ def test_a_report_that_fails_midway_leaves_the_previous_one_whole_and_two_suites
     with pytest.raises(RuntimeError, match="plot failed"):
         document.write(tmp_path)
     after = {f.name: f.read_bytes() for f in tmp_path.iterdir() if f.suffix in (".md", ".csv", ".png")}
-    assert after == before and len(before) == 9  # the previous report, whole
+    assert after == before and len(before) == 11  # the previous report, whole (depth.csv, tau_by_depth.png included)
     assert not list(tmp_path.glob(".report-*"))  # no staging left behind
 
 
