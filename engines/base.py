@@ -155,6 +155,11 @@ class Engine:
     def rollback(self, n_accepted: int, draft: Draft) -> None:
         self.target.commit(n_accepted + 1)
 
+    def use_prefix(self, prefix) -> None:
+        """Restore `prefix` (an engines/prefix.PrefixCache, or None) in every prefill of a prompt
+        that starts with it, in the target and in any drafter model with a cache of its own."""
+        self.target.prefix = prefix
+
     def close(self) -> None:
         """Release what the engine holds outside this process (an outside engine's process)."""
 

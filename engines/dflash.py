@@ -428,7 +428,7 @@ class DFlashC(DFlash):
         return super().draft(history)
 
     def verify(self, pending, draft):
-        self.target.prefill(self.sequence[:-1])  # the whole prefix, from position 0
+        self.target.prefill(self.sequence[:-1], reuse=False)  # the whole prefix, from position 0: Option C's cost
         return self.target.forward(mx.concatenate([pending, draft.tokens]))  # [K+1, V]
 
     def _commit(self, n_accepted):

@@ -78,6 +78,10 @@ class DraftModel(Engine):
                               "or hybrid draft model")
         self.cached, self.marks, self.base = 0, [], 0
 
+    def use_prefix(self, prefix) -> None:
+        super().use_prefix(prefix)
+        self.dm.prefix = prefix  # the draft model's own prefill restores it too
+
     def prefill(self, prompt):
         self.prompt_len = len(prompt)
         self.dm.reset()
@@ -86,7 +90,7 @@ class DraftModel(Engine):
 
     def prepare(self, history):
         # The draft model's own prefill over the prompt (history = prompt + first token).
-        self.dm.forward_chunked(history[:-1])
+        self.dm.prefill(history[:-1])
         self.cached = len(history) - 1
         return None
 

@@ -15,6 +15,7 @@ from engines.cache import Rollback, make_cache, trim_attention
 from engines.dispatch import attention_modules, dispatch_defaults, stable_attention, staged
 from engines.gemm import available as gemm_available, small_m_linears
 from engines.hidden import capture_hidden, vocab_size
+from engines.prefix import PrefixCache
 from engines.tree import check_tree_capable, compact, tree_attention
 
 PREFILL_CHUNK = 2048
@@ -50,6 +51,7 @@ class Target:
         self.hidden_layers: tuple[int, ...] = ()  # layer outputs to keep from every forward (set by drafters)
         self.hidden: mx.array | None = None  # [1, T, len(hidden_layers) * H] of the last forward
         self.fed_tokens = 0  # tokens fed through the model since this Target was made: work, not time
+        self.prefix: PrefixCache | None = None  # a prompt prefix fed once and restored (engines/prefix.py)
         self.vocab_size = vocab_size(model)
         self.reset()
 
@@ -94,12 +96,20 @@ class Target:
         with self.rollback.plain():
             return self._feed(ids)[0]
 
-    def prefill(self, prompt) -> mx.array:
-        """Fresh cache, feed the prompt (in chunks); logits [V] at its last position."""
+    def prefill(self, prompt, reuse: bool = True) -> mx.array:
+        """Fresh cache, feed the prompt (in chunks); logits [V] at its last position. With a
+        PrefixCache set and `reuse`, a prompt that starts with its prefix has the prefix restored
+        and only the rest fed (self.hidden still covers every prompt position)."""
         ids = as_ids(prompt)
         assert ids.shape[0] >= 1, "prefill needs at least one prompt token"
         self.reset()
-        return self.forward_chunked(ids)[-1]
+        if not (reuse and self.prefix is not None and self.prefix.covers(ids.tolist())):
+            return self.forward_chunked(ids)[-1]
+        head = self.prefix.start(self)
+        logits = self.forward_chunked(ids[len(self.prefix.prefix):])
+        if head is not None:
+            self.hidden = mx.concatenate([head, self.hidden], axis=1)  # [1, T, n * H]: the prefix's, then the rest's
+        return logits[-1]
 
     def forward_chunked(self, tokens) -> mx.array:
         """forward() in chunks of PREFILL_CHUNK; logits [T_last_chunk, V], hidden for all T."""

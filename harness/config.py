@@ -78,6 +78,8 @@ class BenchConfig:
     #                                 true keeps its last tokens that fit (the record says how many it had)
     context: int = 0  # tokens of earlier conversation before each prompt (harness/context.py); 0 = none
     context_source: str = "sharegpt"  # where that conversation comes from: sharegpt (the packaged file) or a file
+    context_reuse: bool = True  # feed that prefix once per arm and restore it for every prompt, as a server's
+    #                             prompt cache does (time to first token then excludes the prefix's prefill)
 
 
 @dataclass
@@ -252,6 +254,7 @@ def _bench_cell(bench) -> dict:
     if not out.get("context"):  # no context: ids of cells recorded before the axis existed stay as they were
         out.pop("context", None)
         out.pop("context_source", None)
+        out.pop("context_reuse", None)
     return out
 
 

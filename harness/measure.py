@@ -40,6 +40,7 @@ import mlx.core as mx
 from engines.base import Engine
 from engines.sampling import Sampler
 from harness import context as contexts
+from engines.prefix import PrefixStore
 from harness.bounds import fit_prompt, verify_sizes
 from harness.calibrate import calibrate, compare_rollbacks, context_scaling
 from harness.divergence import divergence, divergence_margin
@@ -84,13 +85,18 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
     check_prompts(units, tokenizer, bench, arms.block, context, ctx)
     items, reps_m, reps_b = [], [[] for _ in range(bench.reps)], [[] for _ in range(bench.reps)]
     answers: dict[str, list[str]] = {}
-    calibration, cell_context = None, None
+    calibration, cell_context, prefix = None, None, None
     warm_every = warmup_every_prompt(bench)
     wall = WallClock()
     for u, (prompt, turn) in enumerate(units):
         ids = encode_turn(tokenizer, prompt, turn, answers.get(prompt.id, []), bench.chat_template,
                           ctx.messages if ctx else ())
-        placed = _context_ids(tokenizer, prompt, turn, answers.get(prompt.id, []), bench, ids) if ctx else None
+        span = _context_span(tokenizer, prompt, turn, answers.get(prompt.id, []), bench, ids) if ctx else None
+        placed = ids[span[0]:span[1]] if span else None
+        if span and bench.context_reuse and prefix is None:  # system turn + context: the same for every prompt
+            prefix = PREFIXES.get(ids[:span[1]])
+            for eng in arms.engines():
+                eng.use_prefix(prefix)
         ids, cut_from = fit_prompt(ids, bench.max_new_tokens, arms.block, context, _where(prompt, turn, ctx),
                                    bench.truncate_prompts)
 
@@ -110,7 +116,7 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
             log(f"  calibration: verify of {len(verify_sizes(arms.block))} sizes up to {arms.block} tokens")
             HEARTBEAT.start("the calibration")
             with wall("calibrate"):
-                calibration = _calibrate_cell(arms, ids, sampler, warm, context)
+                calibration = _calibrate_cell(arms, ids, sampler, warm, context, scaling=not ctx)
                 if calibration.get("rollback", {}).get("switched"):
                     _warm_up(arms, run, min(bench.warmup, 1))  # the chosen strategy's shapes, before timing
         HEARTBEAT.start(f"the timed reps of {_where(prompt, turn)} (turn {u + 1}/{len(units)})")
@@ -147,7 +153,15 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
     summary["model"] = speedup_model(items, summary, calibration, arms.block,
                                      arms.method.incremental_verify, arms.method.verifies_full_block)
     out = {"prompts": items, "calibration": calibration, "summary": summary, "wall": wall.seconds}
+    for eng in arms.engines():
+        eng.use_prefix(None)
+    if cell_context and prefix is not None:
+        cell_context["prefix_reuse"] = {"tokens": len(prefix.prefix), "fed_this_process": prefix.fed,
+                                        "restored": prefix.restored, "snapshot_bytes": prefix.nbytes()}
     return {**out, "context": cell_context} if cell_context else out
+
+
+PREFIXES = PrefixStore()  # one prefix's snapshots kept across the cells of a sweep (engines/prefix.py)
 
 
 class WallClock:
@@ -225,15 +239,13 @@ def _where(prompt: Prompt, turn: int, ctx: contexts.Context | None = None) -> st
     return where + (f" after bench.context={ctx.requested} tokens of earlier conversation" if ctx else "")
 
 
-def _context_ids(tokenizer, prompt: Prompt, turn: int, answers: list[str], bench, ids: list[int]) -> list[int]:
-    # The context's own ids inside this prompt's: the record's proof that every prompt, arm and rep read the same.
-    bare = encode_turn(tokenizer, prompt, turn, answers, bench.chat_template)
-    start, end = contexts.span(ids, bare)
-    return ids[start:end]
+def _context_span(tokenizer, prompt: Prompt, turn: int, answers: list[str], bench, ids: list[int]) -> tuple[int, int]:
+    # Where the context's own ids sit in this prompt's: the record's proof that every prompt, arm and rep read the same.
+    return contexts.span(ids, encode_turn(tokenizer, prompt, turn, answers, bench.chat_template))
 
 
 def _calibrate_cell(arms: Arms, ids: list[int], sampler: Sampler, warm: Generation | None,
-                    context: int | None = None) -> dict:
+                    context: int | None = None, scaling: bool = True) -> dict:
     target = arms.method.target
     rollbacks = None
     if target.layout.recurrent and arms.block > 1:
@@ -246,7 +258,9 @@ def _calibrate_cell(arms: Arms, ids: list[int], sampler: Sampler, warm: Generati
     calibration = calibrate(target, ids, arms.block)
     if rollbacks:
         calibration["rollback"] = rollbacks
-    if arms.block > 1 and not arms.method.external:
+    if not scaling:  # bench.context is the axis that measures this, cell by cell
+        calibration["context_scaling"] = {"skipped": "bench.context > 0: cells along bench.context measure it"}
+    elif arms.block > 1 and not arms.method.external:
         calibration["context_scaling"] = context_scaling(arms.method, ids, sampler, context=context, block=arms.block)
     return calibration
 

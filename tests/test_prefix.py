@@ -1,0 +1,90 @@
+"""A prompt prefix fed once and restored (engines/prefix.py): the same logits every time, close
+to feeding the whole prompt, on every cache kind; and every method stays lossless with it."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engines.prefix import PrefixCache, PrefixStore
+from engines.target import Target
+from tests.conftest import ARCHS
+from tests.helpers import base_engine, generate_ids
+from tests.test_cli import QUICK, harness
+from tests.test_context import write_conversations
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(3, 500, size=n).tolist()
+
+
+@pytest.mark.parametrize("arch", ARCHS)  # attention, DeltaNet state, sliding windows (a prefix past the window of 32)
+def test_a_restored_prefix_gives_the_logits_of_its_first_feeding_bit_for_bit(models, arch):
+    model, _ = models[arch]
+    prefix = _prompt(100, 0)
+    target = Target(model)
+    target.hidden_layers = (1,)
+    target.prefix = PrefixCache(prefix)
+    runs = []
+    for tail_seed in (1, 1, 2):
+        logits = target.prefill(prefix + _prompt(7, tail_seed))
+        mx.eval(logits, target.hidden)
+        runs.append((np.array(logits), np.array(target.hidden), target.offset))
+    assert (target.prefix.fed, target.prefix.restored) == (1, 2)
+    assert np.array_equal(runs[0][0], runs[1][0]) and np.array_equal(runs[0][1], runs[1][1])
+    assert runs[0][1].shape[1] == 107 and runs[0][2] == 107  # hidden and offset cover the whole prompt
+    whole = Target(model)
+    whole.hidden_layers = (1,)
+    want = whole.prefill(prefix + _prompt(7, 2))
+    np.testing.assert_allclose(runs[2][0], np.array(want), atol=1e-4)
+    np.testing.assert_allclose(runs[2][1], np.array(whole.hidden), atol=1e-4)
+
+
+def test_a_prompt_without_the_prefix_is_prefilled_whole(models):
+    model, _ = models["llama"]
+    target = Target(model)
+    target.prefix = PrefixCache(_prompt(50, 0))
+    target.prefill(_prompt(60, 3))
+    target.prefill(_prompt(50, 0))  # the prefix alone: nothing left to feed after it
+    assert (target.prefix.fed, target.prefix.restored) == (0, 0)
+    assert PrefixStore().get([1, 2]) is not PrefixStore().get([1, 2])
+    store = PrefixStore()
+    first = store.get([1, 2])
+    assert store.get([1, 2]) is first and store.get([1, 3]) is not first
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "gemma4"])
+def test_decoding_after_a_restored_prefix_rolls_back_exactly(models, arch):
+    # The base arm and an oracle drafter, both restoring the prefix: rollbacks on the restored
+    # DeltaNet state and past the sliding window still give base's output.
+    from tests.helpers import Oracle
+
+    model, _ = models[arch]
+    prefix, ids = _prompt(80, 0), None
+    ids = prefix + _prompt(10, 5)
+    pc = PrefixCache(prefix)
+    base = base_engine(model)
+    base.use_prefix(pc)
+    want = generate_ids(base, ids, 40).tokens
+    eng = Oracle(Target(model), 3, want, len(ids), corrupt=True, seed=1)
+    eng.use_prefix(pc)
+    assert generate_ids(eng, ids, 40).tokens == want
+    assert (pc.fed, pc.restored) == (1, 1)  # base fed it, the oracle restored it
+
+
+def test_every_drafting_method_with_a_context_stays_lossless_and_restores_its_prefix(tmp_path):
+    src = write_conversations(tmp_path / "c.jsonl", 10)
+    out = tmp_path / "out"
+    common = [*QUICK, "bench.max_prompts=2", "bench.context=300", f"bench.context_source={src}", f"out_dir={out}"]
+    r = harness("-m", "arch=llama", "method=dflash_a,eagle3,draft_model,ngram", *common)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = harness("arch=qwen35", "method=mtp", *common)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert sorted(rec["cell"]["method"]["name"] for rec in recs) == ["dflash_a", "draft_model", "eagle3", "mtp", "ngram"]
+    for rec in recs:
+        assert rec["status"] == "ok" and rec["summary"]["diverged_prompts"] == 0, rec["cell_id"]
+        reuse = rec["context"]["prefix_reuse"]
+        assert reuse["restored"] > 0 and reuse["tokens"] > 300, (rec["cell_id"], reuse)
+        assert rec["calibration"]["context_scaling"].get("skipped")
