@@ -162,7 +162,7 @@ class MlxLmSpec(External):
     def __init__(self, target, cfg):
         from mlx_lm.models.cache import RotatingKVCache, can_trim_prompt_cache, make_prompt_cache
 
-        from engines.draft_model import DEFAULT_BLOCK_SIZE, load_draft_model
+        from engines.draft_model import DEFAULT_BLOCK_SIZE, load_draft_model  # mlx-lm's cache: loaded by this arm only
 
         super().__init__(target, cfg)
         refuse_cast_kv(target, "mlx_lm_spec")

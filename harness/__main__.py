@@ -78,6 +78,7 @@ def preflight(args: list[str]) -> None:
 @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     blas.select()  # once more in a launcher's worker process, which never ran this module's top
+    # Only now: harness.run (and the gate, through it) loads MLX, which must come after blas.select().
     from harness.gate import run_gate
     from harness.run import OUTCOMES, CellAborted, exit_code, run_cell
 
@@ -124,7 +125,7 @@ def _job_mode() -> str:
 
 
 def main() -> None:
-    from harness.run import OUTCOMES, exit_code, outcome_summary
+    from harness.run import OUTCOMES, exit_code, outcome_summary  # loads MLX: kept off this module's import
 
     try:
         overrides = parse_overrides(sys.argv[1:])

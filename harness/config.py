@@ -2,7 +2,8 @@
 
 Hydra merges the YAML groups onto these dataclasses, so a key that is not declared
 here is rejected. `validate` then checks values and raises ConfigError with a
-one-line message that names the problem and the fix.
+one-line message that names the problem and the fix. What a model spec (`arch.model`,
+`method.drafter`) names is decided in harness/models/resolve.py, not here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from engines.errors import Unsupported
 from engines.registry import get_engine
 from harness.bounds import check_block
 from harness.errors import ConfigError
@@ -170,7 +170,7 @@ def _check_outside(method, knobs) -> None:
 
 def validate(cfg) -> None:
     """Check every value the schema cannot; raises ConfigError."""
-    from engines.gemm import available as gemm_available
+    from engines.gemm import available as gemm_available  # a CUDA kernel module: loads MLX, which the schema does not
 
     try:
         engine = get_engine(cfg.method.name)
@@ -256,67 +256,6 @@ def _bench_cell(bench) -> dict:
         out.pop("context_source", None)
         out.pop("context_reuse", None)
     return out
-
-
-DEFAULT_FIXTURE_DRAFT_MODEL = "fixture:llama"  # every fixture shares one tokenizer; llama is the plain one
-
-
-def shipped_drafter(model: str, kind: str) -> Path | None:
-    """The drafter trained for a named real model that ships in harness/data/drafters/<model>/<kind>
-    (python -m train; its training.json says how), or None."""
-    path = Path(__file__).resolve().parent / "data" / "drafters" / model / kind
-    return path if (path / "config.json").is_file() else None
-
-
-def resolve_drafter(cfg, kind: str) -> str:
-    """The drafter directory for a drafting method: method.drafter, or the one shipped for the
-    named model, or the fixture's own."""
-    from harness import fixtures
-
-    spec = cfg.method.drafter
-    shipped = shipped_drafter(cfg.arch.model, kind) if spec is None else None
-    if shipped is not None:
-        return str(shipped)
-    if kind == "draft_model":  # a whole language model: any spec arch.model takes
-        from harness.models import resolve_model
-
-        if spec is None and not cfg.arch.model.startswith("fixture:"):
-            raise Unsupported(f"no draft model for arch.model={cfg.arch.model}: pass method.drafter=<a small model "
-                              "sharing its tokenizer> (checkpoint dir, GGUF file or packaged model name)")
-        return str(resolve_model(spec or DEFAULT_FIXTURE_DRAFT_MODEL, cfg.arch.dtype, cfg.arch.gguf_dequantize,
-                                 key="method.drafter"))
-    if spec is None and kind == "mtp":
-        from harness.models import resolve_model
-
-        model = cfg.arch.model
-        if model.startswith("fixture:"):  # a quantized fixture keeps its MTP head in the original, as mlx-lm drops it
-            model = "fixture:" + fixtures.original(model.split(":", 1)[1])[0]
-        return str(resolve_model(model, cfg.arch.dtype, cfg.arch.gguf_dequantize))  # MTP weights live in the target checkpoint
-    if spec is None and cfg.arch.model.startswith("scale:") and kind == "dflash":
-        spec = cfg.arch.model  # the preset's random drafter, built beside it
-    if spec is None:
-        if not cfg.arch.model.startswith("fixture:"):
-            # A cell, not bad input: a sweep over methods records it and goes on.
-            raise Unsupported(f"no {kind} drafter for arch.model={cfg.arch.model}: pass method.drafter=<{kind} "
-                              "drafter dir> (a local checkpoint in its own layout)")
-        spec = "fixture:" + cfg.arch.model.split(":", 1)[1]
-    if spec.startswith("scale:"):
-        from harness import scale
-        from harness.models import resolve_model
-
-        if kind != "dflash":
-            raise ConfigError(f"method.drafter={spec}: scale presets come with a DFlash drafter only")
-        return str(scale.dflash_dir(resolve_model(spec)))
-    if spec.startswith("fixture:"):
-        try:
-            return str(fixtures.drafter_dir(kind, spec.split(":", 1)[1]))
-        except KeyError as e:
-            raise ConfigError(f"method.drafter={spec}: {e.args[0]}") from None
-    path = Path(spec).expanduser()
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"method.drafter={path} is not a drafter directory (no config.json); "
-                          f"pass the directory of a {kind} checkpoint")
-    return str(path)
 
 
 MADE_BY_RUN: list = []  # folders out_dir needed that did not exist before this run, leaf first

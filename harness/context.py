@@ -22,8 +22,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import packaged, sharegpt
+from harness import sharegpt
 from harness.errors import ConfigError
+from harness.models import packaged
 from harness.prompts import Prompt, encode_turn
 
 SHAREGPT = "sharegpt"

@@ -10,3 +10,8 @@ class ConfigError(ValueError):
 
 class GGUFError(ConfigError):
     """A GGUF file this importer cannot convert faithfully; the message names file and fix."""
+
+
+class TargetError(ValueError):
+    """A target checkpoint's files cannot be loaded; the message names the file and what is wrong.
+    Not a ConfigError: the input was valid, the checkpoint is damaged, and the cell is recorded."""

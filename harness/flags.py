@@ -68,7 +68,7 @@ def compose_first_job(config_name: str, args: list[str]):
     bad override or value, or for a sweep value without -m."""
     from hydra import compose, initialize_config_dir
 
-    from harness.config import conf_dir
+    from harness.config import conf_dir  # the schema imports Hydra, which this module loads only to compose
 
     overrides = parse_overrides(args)
     try:

@@ -82,7 +82,7 @@ def sweep_jobs() -> list[dict] | None:
 
 
 def _label_jobs(jobs: list[dict], default_method: str | None) -> list[dict]:
-    from harness.config import knobs_of
+    from harness.config import knobs_of  # the schema imports Hydra, which this module loads only here
 
     seen, out = set(), []
     for job in jobs:
@@ -100,7 +100,7 @@ def _engine_name(option: str) -> str:
     # A method option names its engine in its YAML (ngram_b8 -> ngram), as the cell does.
     from omegaconf import OmegaConf
 
-    from harness.config import conf_dir
+    from harness.config import conf_dir  # the schema imports Hydra, which this module loads only here
 
     path = conf_dir() / "method" / f"{option}.yaml"
     return OmegaConf.load(path).get("name", option) if path.is_file() else option

@@ -19,7 +19,7 @@ The filters (categories, per_category, max_prompts) apply to the whole concatena
 per_category counts each part's categories apart (MT-Bench's `math` and GSM8K's are two).
 Prompt ids must be unique over it: later turns follow the answers given under the same id.
 
-Packaged files are read in place (harness/packaged.py), never from a copy in this repo;
+Packaged files are read in place (harness/models/packaged.py), never from a copy in this repo;
 `suite_sources` names each file's package, version and sha256 for the record.
 
 Accepted line formats (one JSON object per line):
@@ -39,9 +39,9 @@ import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness import packaged
 from harness.errors import ConfigError
-from harness.packaged import Packaged
+from harness.models import packaged
+from harness.models.packaged import Packaged
 
 BUILTIN = Path(__file__).parent / "data" / "prompts.jsonl"
 

@@ -19,14 +19,16 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from engines.errors import DrafterError, Unsupported
+from engines.hidden import text_model
 from engines.registry import get_engine
 from engines.target import Target
-from harness.config import canonical_cell, resolve_drafter, validate
+from harness.config import canonical_cell, validate
 from harness.env import STREAM_PROBE, LoadMeter, blas_warning, environment, stream_rate
 from harness.errors import ConfigError
 from harness.measure import Arms, measure_cell
-from harness.gguf_import import conversion_record
-from harness.models import check_shared_tokenizer, has_moe, load_target, model_context, model_dtype, resolve_model, weight_bytes
+from harness.models.gguf_import import conversion_record
+from harness.models.load import check_shared_tokenizer, has_moe, load_target, model_context, model_dtype, weight_bytes
+from harness.models.resolve import resolve_drafter, resolve_model
 from harness.progress import PROGRESS
 from harness.prompts import load_suite, suite_sources
 from harness.records import SCHEMA_VERSION, LockTimeout, cell_id, device_lock, multirun_id, read_record, write_record
@@ -268,8 +270,6 @@ def _check_supported(model, cfg, env: dict) -> None:
     if env["backend"] == "cpu" and cfg.arch.dtype not in ("float32", "native") and has_moe(model):
         raise Unsupported(f"MoE experts (GatherMM) run only in float32 on the mlx CPU backend; "
                           f"arch.dtype={cfg.arch.dtype} needs a GPU (or use arch.dtype=float32)")
-    from engines.hidden import text_model
-
     shared = getattr(getattr(text_model(model), "args", None), "num_kv_shared_layers", 0) or 0
     if cfg.kv.name in ("q8", "q4") and shared > 0:
         raise Unsupported(f"mlx-lm cannot quantize the KV cache of a model whose last {shared} layers share "

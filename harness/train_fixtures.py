@@ -1,7 +1,7 @@
 """Train the fixture models once; their weights ship in harness/data/fixtures/.
 
 `python -m harness.train_fixtures [name ...]` starts each fixture from its seeded
-random init (harness.fixtures.build_model) and trains it as a language model on the
+random init (harness.models.fixtures.build_model) and trains it as a language model on the
 project's own text, half of the rows ending in a repeat of an earlier span so the
 model learns to copy. The result behaves like a (very) small real model: copy-heavy
 prompts get high n-gram acceptance, open-ended ones low; random weights would give
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import fixtures
+from harness.models import fixtures
 
 STEPS, BATCH, SEQ, LR, WARMUP = 600, 16, 96, 2e-3, 50
 DRAFT_STEPS = 3000
@@ -100,6 +100,7 @@ def _target(name: str):
 
 def _distill_set(model, layer_ids, n_rows: int, log):
     """Corpus rows with the target's layer outputs and greedy next-token choices at every position."""
+    # MLX: only after blas.select() (the __main__ block below)
     import mlx.core as mx
     from tokenizers import Tokenizer
 
@@ -124,6 +125,7 @@ def _distill_set(model, layer_ids, n_rows: int, log):
 def train_dflash(name: str, log=print):
     """Distil a DFlash drafter from fixture `name`: from a block [x_a, mask...] and the
     target's hidden states before a, predict the target's greedy tokens a+1..a+B-1."""
+    # MLX: only after blas.select() (the __main__ block below)
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -156,6 +158,7 @@ def train_dflash(name: str, log=print):
 def train_mtp(name: str, log=print):
     """Distil the MTP head of fixture `name`: from the target's final-normed state at t
     and the embedding of token t+1, predict the target's choice for token t+2."""
+    # MLX: only after blas.select() (the __main__ block below)
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -183,6 +186,7 @@ def train_eagle3(name: str, log=print):
     """Distil an EAGLE-3 drafter from fixture `name`: from fused target features at t and
     the embedding of token t+1, predict the target's choice for token t+2 over a draft
     vocabulary of the target's most frequent choices."""
+    # MLX: only after blas.select() (the __main__ block below)
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -244,6 +248,7 @@ def main(args: list[str]) -> None:
             drafter = train_dflash(name)
             _save({k: bf16(v) for k, v in tree_flatten(drafter.parameters())}, out / f"{name}.dflash.safetensors")
         if "eagle3" in kinds:
+            # MLX: only after blas.select() (the __main__ block below)
             from engines.eagle3 import save_eagle3
 
             drafter = train_eagle3(name)

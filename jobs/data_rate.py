@@ -19,7 +19,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from harness.models import load_target, resolve_model
+from harness.models.load import load_target
+from harness.models.resolve import resolve_model
 from train import batch_decode
 from train.data import _encode_prompt
 

@@ -55,7 +55,7 @@ gguf() {  # the packaged file, under its own name (the converted checkpoint's ca
     [ -f /tmp/big/SmolLM2-135M-Instruct.Q4_1.gguf ] || cp /tmp/big/smollm2.gguf /tmp/big/SmolLM2-135M-Instruct.Q4_1.gguf
     echo /tmp/big/SmolLM2-135M-Instruct.Q4_1.gguf
   else
-    python -c "from harness.models import named_model_file; print(named_model_file('smollm2'))"
+    python -c "from harness.models.resolve import named_model_file; print(named_model_file('smollm2'))"
   fi
 }
 

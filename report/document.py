@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import stats
+from harness.records import scan_records
 
 from report import plots
 from report.frames import (DEPTH_BIN, accept_hists, along, axis_values, bench_of, categories, cells, depth,
@@ -159,8 +160,6 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
 
 def _write_into(root: Path, out: Path) -> pd.DataFrame:
     """Every report file for the records under `root`, written into `out`."""
-    from harness.records import scan_records
-
     records, unread = scan_records(root)
     df = cells(root, records)
     pr = prompts(root, records)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pandas as pd
 from tabulate import tabulate
 
+from report.frames import ALL, PHASE_PREFIX
+
 LOAD_WARN = 0.2  # other processes busy on more than a fifth of the machine (harness/env.LoadMeter)
 
 
@@ -226,8 +228,6 @@ CATEGORY_CAPTION = (
 
 
 def _category_order(cat: pd.DataFrame) -> list[str]:
-    from report.frames import ALL
-
     return [ALL] + [c for c in dict.fromkeys(cat["category"]) if c != ALL]
 
 
@@ -312,15 +312,11 @@ def depth_summary_table(dep: pd.DataFrame) -> str:
 
 def _phase_costs(df: pd.DataFrame) -> list[str]:
     # The profiled phases, costliest first over the whole table, so each row lists them in one order.
-    from report.frames import PHASE_PREFIX
-
     cols = [c for c in df.columns if c.startswith(PHASE_PREFIX)]
     return sorted(cols, key=lambda c: -df[c].fillna(0.0).sum())
 
 
 def _phases(r, cols: list[str]) -> str:
-    from report.frames import PHASE_PREFIX
-
     parts = [f"{c[len(PHASE_PREFIX):]} {r[c]:.2f}" for c in cols if not pd.isna(r[c])]
     return ", ".join(parts) if parts else "-"
 

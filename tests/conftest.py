@@ -19,7 +19,7 @@ if "SPEC_HARNESS_LOCK_DIR" not in os.environ:
 
     os.environ["SPEC_HARNESS_LOCK_DIR"] = tempfile.mkdtemp(prefix="spec-harness-test-locks-")
 
-from harness.fixtures import fixture_dir, fixture_names  # noqa: E402
+from harness.models.fixtures import fixture_dir, fixture_names  # noqa: E402
 
 ARCHS = fixture_names()  # gemma4, gemma4_moe, llama, qwen35
 
@@ -45,7 +45,7 @@ def models():
     import mlx.core as mx
     import mlx_lm
 
-    from harness.fixtures import cast_model
+    from harness.models.fixtures import cast_model
 
     out = {}
     for name in ARCHS:

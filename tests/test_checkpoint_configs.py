@@ -18,9 +18,10 @@ from engines.dflash import DFlashA, load_drafter
 from engines.eagle3 import Eagle3, load_eagle3
 from engines.errors import DrafterError
 from engines.target import Target
-from harness import fixtures
-from harness.fixtures import cast_model
-from harness.models import TargetError, load_target
+from harness.errors import TargetError
+from harness.models import fixtures
+from harness.models.fixtures import cast_model
+from harness.models.load import load_target
 from tests.helpers import base_engine, generate_ids
 from tests.test_layouts import _dflash_layer_shapes, _eagle_layer_shapes, _random, _write
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from harness.fixtures import fixture_dir
+from harness.models.fixtures import fixture_dir
 from harness.records import iter_records
 from tests.conftest import write_jsonl
 

@@ -10,7 +10,7 @@ import pytest
 from engines.dflash import DFlashA, DFlashC, DFlashConfig, DFlashDrafter, load_drafter, save_drafter
 from engines.errors import DrafterError
 from engines.target import Target
-from harness import fixtures
+from harness.models import fixtures
 from tests.conftest import ARCHS
 from tests.helpers import base_engine, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units

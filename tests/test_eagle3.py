@@ -13,7 +13,7 @@ from engines.eagle3 import Eagle3, load_eagle3
 from engines.errors import DrafterError
 from engines.target import Target
 from engines.tree import _tree_mask_fn, accept_tree_greedy, depths_and_ancestors
-from harness import fixtures
+from harness.models import fixtures
 from tests.conftest import ARCHS
 from tests.helpers import base_engine, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units

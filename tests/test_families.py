@@ -16,8 +16,8 @@ from engines.eagle3 import Eagle3, Eagle3Config, Eagle3Drafter, save_eagle3
 from engines.hidden import decoder, hidden_size, num_layers
 from engines.ngram import Ngram
 from engines.target import Target
-from harness import fixtures
-from harness.fixtures import cast_model
+from harness.models import fixtures
+from harness.models.fixtures import cast_model
 from tests.conftest import method_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_cli import REPO, records

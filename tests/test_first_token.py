@@ -13,9 +13,9 @@ from engines.eagle3 import Eagle3
 from engines.mtp import MTP
 from engines.sampling import Sampler
 from engines.target import Target
-from harness import fixtures
 from harness.loop import generate
 from harness.generation import run_generation
+from harness.models import fixtures
 from harness.prompts import encode_turn
 from tests.conftest import builtin_prompts
 from tests.helpers import base_engine, generate_ids

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import fixtures
+from harness.models import fixtures
 from harness.prompts import PACKAGED, load_suite
 
 WINDOW = 12  # words: longer than any phrase two unrelated texts share by chance, shorter than any pasted prompt
@@ -74,7 +74,7 @@ def test_the_shipped_tokenizer_is_the_one_trained_on_the_held_out_corpus(tmp_pat
 
 
 def test_a_scale_preset_built_with_an_older_fixture_tokenizer_is_rebuilt(tmp_path, monkeypatch):
-    from harness.models import resolve_model
+    from harness.models.resolve import resolve_model
 
     monkeypatch.setenv("SPEC_HARNESS_HOME", str(tmp_path))
     path = resolve_model("scale:llama-tiny")

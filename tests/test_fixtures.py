@@ -6,7 +6,7 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 from mlx_lm.models.switch_layers import SwitchGLU
 
-from harness import fixtures
+from harness.models import fixtures
 from harness.prompts import encode_turn, load_suite
 from tests.conftest import ARCHS
 
@@ -90,8 +90,8 @@ def test_scale_presets_build_on_first_use_with_a_random_dflash_drafter(tmp_path,
     import json
 
     from harness.errors import ConfigError
-    from harness.models import resolve_model
-    from harness.scale import dflash_dir
+    from harness.models.resolve import resolve_model
+    from harness.models.scale import dflash_dir
 
     monkeypatch.setenv("SPEC_HARNESS_HOME", str(tmp_path))
     path = resolve_model("scale:llama-tiny")

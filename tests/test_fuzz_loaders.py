@@ -28,8 +28,9 @@ from engines.dflash import DFlashConfig, load_drafter
 from engines.eagle3 import LAYER_KEYS, load_eagle3
 from engines.errors import DrafterError
 from engines.mtp import load_mtp
-from harness import fixtures
-from harness.models import TargetError, load_target
+from harness.errors import TargetError
+from harness.models import fixtures
+from harness.models.load import load_target
 
 SEED = 20260521
 CASES = {"dflash": 200, "eagle3": 200, "target": 200, "mtp": 60}  # 660 in all

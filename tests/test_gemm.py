@@ -160,7 +160,7 @@ def _engines(model, arch):
     from engines.dflash import DFlashA
     from engines.eagle3 import Eagle3
     from engines.mtp import MTP
-    from harness import fixtures
+    from harness.models import fixtures
     from tests.test_eagle3 import eagle_cfg
     from tests.test_mtp import mtp_cfg
 

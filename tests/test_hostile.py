@@ -213,7 +213,7 @@ def test_report_names_a_corrupted_record_and_strict_fails_on_it(tmp_path):
 def test_a_single_cell_whose_target_fails_to_load_exits_3_with_an_error_record(tmp_path):
     import shutil
 
-    from harness.fixtures import fixture_dir
+    from harness.models.fixtures import fixture_dir
 
     broken = tmp_path / "broken"
     shutil.copytree(fixture_dir("llama"), broken)

@@ -15,6 +15,7 @@ the same by importing it).
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,16 @@ REPO = Path(__file__).resolve().parents[1]
 UPPER = ("harness", "report", "train")  # the floors above engines/
 HEAVY = ("mlx", "mlx_lm")  # libraries the report must never load (engines/ loads them too)
 REPORT_READS = ("harness.records", "harness.stats", "harness.summary")  # all the report takes from harness/
+# What moved into harness/models/ (issue 33), by its old name: no file may come back there (a shim
+# would keep two spellings alive) and no module, test, script or page may still use the old one.
+MOVED_FILES = ("harness/models.py", "harness/gguf_import.py", "harness/gguf_tokenizer.py", "harness/packaged.py",
+               "harness/fixtures.py", "harness/scale.py")
+OLD_SPELLINGS = re.compile(
+    r"\bharness\.(gguf_import|gguf_tokenizer|packaged|fixtures|scale)\b"  # now harness.models.<module>
+    r"|\bfrom harness import [^\n]*\b(models|gguf_import|gguf_tokenizer|packaged|fixtures|scale)\b"
+    r"|\bfrom harness\.models import [^\n]*\b(load_target|resolve_model|named_model_file|TargetError)\b"
+    r"|\bharness\.config import [^\n]*\b(resolve_drafter|shipped_drafter|DEFAULT_FIXTURE_DRAFT_MODEL)\b")
+SCANNED = ("harness", "engines", "train", "report", "tests", "jobs", "examples", "docs", "conf")
 
 
 @dataclass(frozen=True)
@@ -209,6 +220,32 @@ def test_every_import_of_a_project_module_names_what_that_module_defines():
              for n in imp.names if n != "*" and n not in defined_at_top(known[imp.target])]
     print(f"function-level imports of project modules: {sum(not imp.top for imp in graph)}")
     assert not stale, stale
+
+
+def old_spellings(root: Path = REPO) -> list[str]:
+    """file:line of every use of a moved module by its old name (OLD_SPELLINGS) in source, scripts and docs."""
+    files = [p for d in SCANNED for p in (root / d).rglob("*") if p.suffix in (".py", ".sh", ".md", ".yaml")]
+    files += [p for p in root.glob("*") if p.suffix in (".md", ".toml", ".txt")]
+    return [f"{p.relative_to(root)}:{n}: {m.group(0)}" for p in sorted(files) if p != Path(__file__).resolve()
+            for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+            for m in [OLD_SPELLINGS.search(line)] if m]
+
+
+def test_moved_model_modules_stay_moved_with_no_shim_and_no_caller_by_the_old_name():
+    back = [f for f in MOVED_FILES if (REPO / f).exists()]
+    assert not back, f"{back} moved into harness/models/ (docs/layout.md); import harness.models.<module> instead"
+    old = old_spellings()
+    assert not old, f"old module names, moved into harness/models/: {old}"
+
+
+def test_the_old_spelling_check_catches_each_kind_of_old_name(tmp_path):
+    lines = ["from harness.fixtures import fixture_dir", "from harness import packaged", "import harness.scale",
+             "python -m harness.scale llama-1b /tmp/x", "from harness.models import load_target, resolve_model",
+             "from harness.config import canonical_cell, resolve_drafter", "from harness.models import fixtures",
+             "from harness.models.resolve import resolve_model"]
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "a.sh").write_text("\n".join(lines) + "\n")
+    assert [x.split(":")[1] for x in old_spellings(tmp_path)] == ["1", "2", "3", "4", "5", "6"]
 
 
 def test_the_report_imports_no_mlx_and_no_engines_not_even_through_harness():

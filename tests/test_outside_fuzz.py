@@ -23,7 +23,7 @@ from engines.base import Prefill
 from engines.external import ArmReportError
 from engines.outside import OutsideError, ServerArm, SubprocessArm
 from engines.sampling import Sampler
-from harness.fixtures import fixture_dir
+from harness.models.fixtures import fixture_dir
 
 SEED = 20261204
 VOCAB = 1024  # the llama fixture's
@@ -264,7 +264,7 @@ def fake_server():
 
 
 def test_the_server_stream_under_mutation_ends_in_its_error_or_the_text_sent(fake_server, monkeypatch):
-    from harness.models import load_target
+    from harness.models.load import load_target
 
     monkeypatch.setattr(outside, "TAIL_S", 0.3)  # how long a finished stream may stay open, shortened
     _, tok = load_target(fixture_dir("llama"), "float32")

@@ -76,7 +76,7 @@ def test_per_category_keeps_the_first_prompts_of_every_category():
 from importlib import metadata  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from harness import packaged as packaged_mod  # noqa: E402
+from harness.models import packaged as packaged_mod  # noqa: E402
 from harness.prompts import PACKAGED, humaneval_turn, suite_sources  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

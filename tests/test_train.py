@@ -80,7 +80,8 @@ def test_a_draft_model_is_a_shallow_distilled_copy_that_loads_on_its_own(tmp_pat
 
 def test_eagle3_draft_vocabulary_is_the_most_frequent_answer_tokens_and_round_trips(tmp_path, data_cache):
     from engines.eagle3 import load_eagle3
-    from harness.models import load_target, resolve_model
+    from harness.models.load import load_target
+    from harness.models.resolve import resolve_model
     from train.eagle3 import draft_vocab
 
     out = tmp_path / "e3"
@@ -177,7 +178,8 @@ def test_every_evaluation_prompt_is_refused_as_a_training_prompt(tmp_path):
 
 
 def test_magpie_prefix_is_the_template_text_before_the_user_message():
-    from harness.models import load_target, resolve_model
+    from harness.models.load import load_target
+    from harness.models.resolve import resolve_model
     from train.data import user_prefix
 
     _, tok = load_target(resolve_model("fixture:llama"), "float32")
@@ -185,7 +187,8 @@ def test_magpie_prefix_is_the_template_text_before_the_user_message():
 
 
 def test_magpie_resumes_from_its_last_round_to_the_same_instructions(tmp_path):
-    from harness.models import load_target, resolve_model
+    from harness.models.load import load_target
+    from harness.models.resolve import resolve_model
     from train.config import DataConfig
     from train.data import magpie_prompts
 
@@ -206,7 +209,8 @@ def test_magpie_resumes_from_its_last_round_to_the_same_instructions(tmp_path):
 
 
 def test_magpie_stops_when_rounds_add_nothing(tmp_path):
-    from harness.models import load_target, resolve_model
+    from harness.models.load import load_target
+    from harness.models.resolve import resolve_model
     from train.config import DataConfig
     from train.data import magpie_prompts
 
@@ -277,7 +281,8 @@ def test_many_anchor_block_attention_equals_the_engines_one_anchor_path():
 def test_quantized_drafters_load_strictly_and_stay_lossless(tmp_path, data_cache):
     from engines.dflash import load_drafter
     from engines.errors import DrafterError
-    from harness.models import load_target, resolve_model
+    from harness.models.load import load_target
+    from harness.models.resolve import resolve_model
     from train.quantize import quantize_drafter
 
     src = tmp_path / "d"

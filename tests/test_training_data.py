@@ -52,8 +52,9 @@ def test_sharegpt_reader_recovers_whole_conversations_from_a_file_cut_short(tmp_
 
 
 def test_sharegpt_prompts_drop_overlap_and_over_long_ones_and_count_them(tmp_path, monkeypatch):
-    from harness import packaged
-    from harness.models import load_target, resolve_model
+    from harness.models import packaged
+    from harness.models.load import load_target
+    from harness.models.resolve import resolve_model
     from train import data
     from train.data import eval_texts
 
@@ -79,7 +80,8 @@ def test_sharegpt_prompts_drop_overlap_and_over_long_ones_and_count_them(tmp_pat
 
 @pytest.mark.parametrize("arch", ["llama", "qwen35"])
 def test_batched_answers_equal_one_by_one_greedy_answers_in_float32(arch):
-    from harness.models import load_target, resolve_model
+    from harness.models.load import load_target
+    from harness.models.resolve import resolve_model
     from train.data import _encode_prompt, answer_batch
 
     model, tok = load_target(resolve_model(f"fixture:{arch}", "float32"), "float32")
@@ -96,7 +98,8 @@ def test_batched_answers_equal_one_by_one_greedy_answers_in_float32(arch):
 def test_rows_that_end_give_their_place_to_the_next_prompts_and_answers_stay_one_by_one(monkeypatch):
     # 6 prompts through 3 rows, answers ending at different steps: rows leave the batch and new
     # prompts are prefilled beside rows in mid-answer; each answer equals its greedy answer alone.
-    from harness.models import load_target, resolve_model
+    from harness.models.load import load_target
+    from harness.models.resolve import resolve_model
     from train import batch_decode
 
     monkeypatch.setattr(batch_decode, "CHECK_EVERY", 3)

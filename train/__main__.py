@@ -31,8 +31,10 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from engines.errors import DrafterError, Unsupported  # noqa: E402
 from harness.config import check_out_dir, conf_dir  # noqa: E402
-from harness.errors import ConfigError  # noqa: E402
+from harness.env import environment  # noqa: E402
+from harness.errors import ConfigError, TargetError  # noqa: E402
 from harness.flags import ONLY_ONE, compose_first_job  # noqa: E402
+from harness.models.resolve import resolve_model  # noqa: E402
 from train.config import register, validate  # noqa: E402
 
 
@@ -41,6 +43,7 @@ def log(msg: str) -> None:
 
 
 def objective_for(kind: str):
+    # Each objective loads MLX and mlx-lm, which this module leaves to the run.
     from train.dflash import DFlashObjective
     from train.draft_model import DraftModelObjective
     from train.eagle3 import Eagle3Objective
@@ -85,8 +88,8 @@ def train(cfg) -> int:
     """One training job; returns the exit code."""
     import mlx.core as mx
 
-    from harness.env import environment
-    from harness.models import load_target, resolve_model
+    # These load MLX and mlx-lm, which this module leaves to the run: bad input answers without them.
+    from harness.models.load import load_target
     from train import data
     from train.loop import fit, load_best, plot
 
@@ -162,8 +165,6 @@ def _hydra_main(cfg: DictConfig) -> None:
 def guarded(run, cfg) -> int:
     """run(cfg)'s exit code, with the benchmark's codes for what goes wrong: 2 bad input (one
     line), 3 a failure while training (its traceback, then one line), 130 interrupted."""
-    from harness.models import TargetError  # harness.models imports MLX, which this module leaves to the run
-
     try:
         return run(cfg)
     except (ConfigError, DrafterError, TargetError, Unsupported) as e:

@@ -36,8 +36,9 @@ import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import packaged
 from harness.errors import ConfigError
+from harness.models import packaged
+from harness.prompts import load_suite, suite_sources
 from train import batch_decode, sharegpt
 
 SENTINEL = "\u2063MAGPIE\u2063"  # a user message no template alters, to find where the message starts
@@ -156,8 +157,6 @@ def eval_texts() -> tuple[dict[str, list[str]], list[dict]]:
     """Every user turn of every evaluation suite the harness reads ({suite: turns}), and the
     suites' sources (file, sha256) for the record. A suite whose package is not installed is
     skipped and named in the sources with the reason."""
-    from harness.prompts import load_suite, suite_sources
-
     texts, sources = {}, []
     for suite in EVAL_SUITES:
         try:

@@ -21,9 +21,11 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from engines import shared_weights
+from engines.draft_model import load_draft_model
 from engines.errors import Unsupported
 from engines.hidden import decoder
 from engines.mtp import DENSE
+from engines.target import Target
 from train.objective import Objective, pad, shift, soft_ce, weighted_mean
 
 
@@ -96,9 +98,6 @@ class DraftModelObjective(Objective):
         self.tokenizer._tokenizer.save_pretrained(str(out))  # mlx_lm.load(<dir>) works on its own
 
     def load(self, out: Path):
-        from engines.draft_model import load_draft_model
-        from engines.target import Target
-
         return load_draft_model(Path(out), Target(self.target))[0]
 
     def describe(self) -> dict:

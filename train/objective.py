@@ -10,7 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from engines.hidden import capture_hidden, hidden_size, num_layers, text_model, vocab_size
+from engines.hidden import activation_dtype, capture_hidden, hidden_size, lm_head, num_layers, text_model, vocab_size
 from harness.errors import ConfigError
 
 
@@ -101,14 +101,10 @@ def weighted_mean(x: mx.array, w: mx.array) -> mx.array:
 def target_head_rows(target: nn.Module, ids: mx.array) -> mx.array:
     """Rows `ids` of the target's output head as a [len(ids), H] float32 matrix (any head:
     tied, untied or quantized), read by applying the head to the identity."""
-    from engines.hidden import lm_head
-
     h = hidden_size(target)
     cols = lm_head(target, mx.eye(h, dtype=mx.float32).astype(_dtype(target)), softcap=False)  # [H, V]
     return cols.T[ids].astype(mx.float32)
 
 
 def _dtype(target):
-    from engines.hidden import activation_dtype
-
     return activation_dtype(target)

@@ -1,8 +1,8 @@
 """Cross-check the harness's GGUF import against readers nobody here wrote.
 
 The same file (the packaged SmolLM2-135M-Instruct Q4_1 GGUF) is read three ways:
-- `harness`: harness.models.load_target(resolve_model("smollm2", "float32"), "float32"): our converter
-  (harness/gguf_import.py, harness/gguf_tokenizer.py) -> mlx-lm checkpoint -> MLX, float32;
+- `harness`: harness.models.load.load_target(resolve_model("smollm2", "float32"), "float32"): our converter
+  (harness/models/gguf_import.py, harness/models/gguf_tokenizer.py) -> mlx-lm checkpoint -> MLX, float32;
 - `transformers`: AutoModelForCausalLM.from_pretrained(dir, gguf_file=...): transformers'
   own GGUF loader (dequantizes with gguf-py, un-permutes q/k itself) -> torch, float32;
 - `llama.cpp` (optional, when llama-cpp-python is installed): computes with the Q4_1
@@ -49,17 +49,19 @@ GREEDY_TOKENS = int(sys.argv[3]) if __name__ == "__main__" and len(sys.argv) > 3
 # Where llama.cpp's "smollm" pre-split (each digit alone) matters, if anywhere: numbers of every shape.
 TOKENIZE_PROBES = ["Call 555-1234 before 2026-12-01, pay $1,299.99 or 3.14159e-10 x 42 times.",
                    "for i in range(10000): x[i] = 0x1F + 007 * 12345678901234567890"]
-HARNESS_FILES = ["harness/gguf_import.py", "harness/gguf_tokenizer.py", "harness/models.py", "harness/prompts.py"]
+HARNESS_FILES = ["harness/models/gguf_import.py", "harness/models/gguf_tokenizer.py", "harness/models/load.py",
+                 "harness/models/resolve.py", "harness/prompts.py"]
 
 
 # ---- readers: each takes token ids [T] and returns float32 logits [T, V] ----
 
 def load_harness():
     """(mlx model, our tokenizer, gguf path) through the harness, float32."""
-    from harness import models
+    from harness.models.load import load_target
+    from harness.models.resolve import named_model_file, resolve_model
 
-    model, tokenizer = models.load_target(models.resolve_model(MODEL, "float32"), "float32")
-    return model, tokenizer, models.named_model_file(MODEL)
+    model, tokenizer = load_target(resolve_model(MODEL, "float32"), "float32")
+    return model, tokenizer, named_model_file(MODEL)
 
 
 def load_transformers(gguf_path: Path):
@@ -329,7 +331,7 @@ def main() -> dict:
 
 
 def _sha(path: Path) -> str:
-    from harness.gguf_import import file_sha256
+    from harness.models.gguf_import import file_sha256
 
     return file_sha256(path)
 

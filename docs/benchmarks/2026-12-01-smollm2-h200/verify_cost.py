@@ -14,7 +14,8 @@ import time
 import mlx.core as mx
 
 from engines.target import Target
-from harness.models import load_target, resolve_model
+from harness.models.load import load_target
+from harness.models.resolve import resolve_model
 from harness.prompts import encode_turn, load_suite
 
 SIZES = (1, 2, 4, 8)

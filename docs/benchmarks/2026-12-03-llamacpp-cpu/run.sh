@@ -3,7 +3,7 @@
 # decoding of the same packaged GGUF, plain and with prompt lookup; then the report.
 set -euo pipefail
 O=${O:-docs/benchmarks/2026-12-03-llamacpp-cpu}
-G=$(python -c "from harness.models import named_model_file; print(named_model_file('smollm2'))")
+G=$(python -c "from harness.models.resolve import named_model_file; print(named_model_file('smollm2'))")
 L="python -m llama_cpp.server --model $G --port 8795 --n_ctx 2048"
 common=(arch=smollm2 method=server method.url=http://127.0.0.1:8795 bench=real "out_dir=$O")
 python -m harness "${common[@]}" arch.dtype=float32 "method.launch='$L'" method.label=llama.cpp

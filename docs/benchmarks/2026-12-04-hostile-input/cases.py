@@ -283,7 +283,7 @@ CASES = [
 
 
 def _fixture() -> Path:
-    from harness.fixtures import fixture_dir
+    from harness.models.fixtures import fixture_dir
 
     return fixture_dir("llama")
 

@@ -20,8 +20,8 @@ python -m harness -m "${pair[@]}" method=draft_model reference=mlx_lm_spec metho
 python -m harness "${pair[@]}" method=mlx_lm_spec method.block_size=7
 python -m harness arch=qwen_coder "${bench[@]}" "out_dir=$O" method=ngram method.block_size=4
 if [ -n "${LLAMA_SERVER:-}" ]; then
-  T=$(python -c "from harness.models import named_model_file; print(named_model_file('qwen2.5-coder-1.5b'))")
-  D=$(python -c "from harness.models import named_model_file; print(named_model_file('qwen2.5-coder-0.5b'))")
+  T=$(python -c "from harness.models.resolve import named_model_file; print(named_model_file('qwen2.5-coder-1.5b'))")
+  D=$(python -c "from harness.models.resolve import named_model_file; print(named_model_file('qwen2.5-coder-0.5b'))")
   L="$LLAMA_SERVER -m $T --port 8796 -c 2048 -t 2 --no-warmup"
   common=(arch=qwen_coder "${bench[@]}" method=server method.url=http://127.0.0.1:8796 "out_dir=$O")
   python -m harness "${common[@]}" "method.launch='$L'" method.label=llama.cpp

@@ -2,8 +2,9 @@
 import cProfile, io, pstats, statistics as st, sys, time
 from types import SimpleNamespace
 import mlx.core as mx
-from harness.models import load_target, resolve_model
-from harness import scale
+from harness.models import scale
+from harness.models.load import load_target
+from harness.models.resolve import resolve_model
 from harness.loop import STREAM
 from engines.target import Target
 from engines.dflash import DFlashA

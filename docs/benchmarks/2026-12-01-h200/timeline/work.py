@@ -2,8 +2,9 @@
 import ctypes, json, os, sys, time
 from types import SimpleNamespace
 import mlx.core as mx
-from harness.models import load_target, resolve_model
-from harness import scale
+from harness.models import scale
+from harness.models.load import load_target
+from harness.models.resolve import resolve_model
 from engines.target import Target
 from engines.dflash import DFlashA
 from engines.external import DFlashZlab, MlxLm

