@@ -76,89 +76,128 @@ def measure_cell(arms: Arms, tokenizer, prompts: list[Prompt], bench, progress=N
     """Run every prompt (and turn) of the cell; returns the record's per-prompt list and summary.
     `context`: the model's positions; every prompt is checked against it before anything runs
     (ConfigError), or cut to fit with bench.truncate_prompts. `log` hears each phase begin."""
-    log = log or (lambda msg: None)
-    HEARTBEAT.log = log
-    sampler = Sampler(bench.temperature, bench.seed)
-    stop = frozenset(tokenizer.eos_token_ids) if bench.stop_at_eos else frozenset()
+    cell = CellRun(arms, tokenizer, bench, context, log or (lambda msg: None))
     units = [(p, t) for p in prompts for t in range(len(p.turns))]
-    ctx = contexts.build(tokenizer, bench.context, bench.context_source, bench.chat_template)
-    check_prompts(units, tokenizer, bench, arms.block, context, ctx)
-    items, reps_m, reps_b = [], [[] for _ in range(bench.reps)], [[] for _ in range(bench.reps)]
-    answers: dict[str, list[str]] = {}
-    calibration, cell_context, prefix = None, None, None
-    warm_every = warmup_every_prompt(bench)
-    wall = WallClock()
-    for u, (prompt, turn) in enumerate(units):
-        ids = encode_turn(tokenizer, prompt, turn, answers.get(prompt.id, []), bench.chat_template,
-                          ctx.messages if ctx else ())
-        span = _context_span(tokenizer, prompt, turn, answers.get(prompt.id, []), bench, ids) if ctx else None
-        placed = ids[span[0]:span[1]] if span else None
-        if span and bench.context_reuse and prefix is None:  # system turn + context: the same for every prompt
-            prefix = PREFIXES.get(ids[:span[1]])
-            for eng in arms.engines():
-                eng.use_prefix(prefix)
-        ids, cut_from = fit_prompt(ids, bench.max_new_tokens, arms.block, context, _where(prompt, turn, ctx),
-                                   bench.truncate_prompts)
+    HEARTBEAT.log = cell.log
+    try:
+        check_prompts(units, tokenizer, bench, arms.block, context, cell.ctx)
+        for u, (prompt, turn) in enumerate(units):
+            cell.measure_unit(u, prompt, turn, len(units))
+            if progress:
+                progress(u + 1, len(units))
+    finally:
+        HEARTBEAT.log = None
+        for eng in arms.engines():
+            eng.use_prefix(None)
+    return cell.result()
+
+
+class CellRun:
+    """One cell's state while it runs: what each prompt (turn) adds to, phase by phase."""
+
+    def __init__(self, arms: Arms, tokenizer, bench, context: int | None, log):
+        self.arms, self.tokenizer, self.bench, self.context, self.log = arms, tokenizer, bench, context, log
+        self.sampler = Sampler(bench.temperature, bench.seed)
+        self.stop = frozenset(tokenizer.eos_token_ids) if bench.stop_at_eos else frozenset()
+        self.ctx = contexts.build(tokenizer, bench.context, bench.context_source, bench.chat_template)
+        self.items: list[dict] = []
+        self.reps_m, self.reps_b = [[] for _ in range(bench.reps)], [[] for _ in range(bench.reps)]
+        self.answers: dict[str, list[str]] = {}  # the reference's answers, for later turns of a prompt
+        self.calibration, self.cell_context, self.prefix, self.warm = None, None, None, None
+        self.warm_every = warmup_every_prompt(bench)
+        self.wall = WallClock()
+
+    def prompt_ids(self, prompt: Prompt, turn: int) -> tuple[list[int], list[int] | None, int | None]:
+        """(ids, the context's ids inside them or None, the length before a cut or None); the first
+        prompt with a context hands every arm its prefix (system turn + context) to restore."""
+        answers = self.answers.get(prompt.id, [])
+        ids = encode_turn(self.tokenizer, prompt, turn, answers, self.bench.chat_template,
+                          self.ctx.messages if self.ctx else ())
+        placed = None
+        if self.ctx:
+            start, end = _context_span(self.tokenizer, prompt, turn, answers, self.bench, ids)
+            placed = ids[start:end]
+            if self.bench.context_reuse and self.prefix is None:  # the same for every prompt of the cell
+                self.prefix = PREFIXES.get(ids[:end])
+                for eng in self.arms.engines():
+                    eng.use_prefix(self.prefix)
+        ids, cut_from = fit_prompt(ids, self.bench.max_new_tokens, self.arms.block, self.context,
+                                   _where(prompt, turn, self.ctx), self.bench.truncate_prompts)
+        return ids, placed, cut_from
+
+    def measure_unit(self, u: int, prompt: Prompt, turn: int, n_units: int) -> None:
+        """Warm-up (first prompt, or every prompt on GPUs), calibration (first prompt), the timed
+        reps, the profiled runs and the prompt's record item."""
+        bench, arms = self.bench, self.arms
+        ids, placed, cut_from = self.prompt_ids(prompt, turn)
 
         def run(eng, profile=False, keep_scores=False, max_new_tokens=bench.max_new_tokens):
-            return run_generation(eng, ids, max_new_tokens, sampler, profile, stop, keep_scores)
+            return run_generation(eng, ids, max_new_tokens, self.sampler, profile, self.stop, keep_scores)
 
-        if u == 0 or warm_every:
-            HEARTBEAT.start(f"the warm-up of {_where(prompt, turn)}")
-            with wall("warmup"):
-                if u == 0:
-                    log(f"  warm-up: {bench.warmup} generation(s) per arm")
-                    warm = _warm_up(arms, run, bench.warmup)
-                else:  # later prompts bring new shapes (their prefill), not new code: a short generation compiles them
-                    _warm_up(arms, lambda eng: run(eng, max_new_tokens=_later_warmup_tokens(bench, arms.block)),
-                             min(bench.warmup, 1))
+        if u == 0 or self.warm_every:
+            self.warm_up(u == 0, _where(prompt, turn), run)
         if u == 0:
-            log(f"  calibration: verify of {len(verify_sizes(arms.block))} sizes up to {arms.block} tokens")
-            HEARTBEAT.start("the calibration")
-            with wall("calibrate"):
-                calibration = _calibrate_cell(arms, ids, sampler, warm, context, scaling=not ctx)
-                if calibration.get("rollback", {}).get("switched"):
-                    _warm_up(arms, run, min(bench.warmup, 1))  # the chosen strategy's shapes, before timing
-        HEARTBEAT.start(f"the timed reps of {_where(prompt, turn)} (turn {u + 1}/{len(units)})")
-        with wall("timed_reps"):
+            self.calibrate(ids, run)
+        HEARTBEAT.start(f"the timed reps of {_where(prompt, turn)} (turn {u + 1}/{n_units})")
+        with self.wall("timed_reps"):
             gm, gb, order = _timed_reps(arms, run, u, bench)
-        for reps, gens in ((reps_m, gm), (reps_b, gb)):
+        for reps, gens in ((self.reps_m, gm), (self.reps_b, gb)):
             for r, g in enumerate(gens):
                 reps[r].append(g.tally())
         ref = gb[0] if arms.base else gm[0]
-        answers.setdefault(prompt.id, []).append(tokenizer.decode(ref.tokens))
+        self.answers.setdefault(prompt.id, []).append(self.tokenizer.decode(ref.tokens))
         HEARTBEAT.start(f"the profiled runs of {_where(prompt, turn)}")
-        with wall("profile"):
+        with self.wall("profile"):
             prof = run(arms.method, profile=True) if profiled(bench, u) else None
             bprof = run(arms.base, profile=True) if prof and arms.base and arms.reference_is_base else None
         item = _prompt_item(prompt, turn, ids, gm, gb, prof)
         item["arm_order"] = order
         if placed is not None:
             item.update(context_tokens=len(placed), context_sha256=contexts.ids_sha256(placed))
-            cell_context = cell_context or contexts.describe(ctx, placed)
+            self.cell_context = self.cell_context or contexts.describe(self.ctx, placed)
         if cut_from is not None:
             item["truncated_from"] = cut_from  # prompt tokens before bench.truncate_prompts kept the last ones
         if bprof:
             item["base_profile"] = {"rounds_detail": round_table(bprof), "first_token": first_token_ms(bprof)}
         if item["first_divergence"] is not None:
-            with wall("divergence"):
+            with self.wall("divergence"):
                 item["divergence"] = divergence_margin(arms.base or arms.method, ref, ids, gm[0].tokens,
                                                        item["first_divergence"])
-        items.append(item)
-        if progress:
-            progress(u + 1, len(units))
-    HEARTBEAT.log = None
-    summary = cell_summary(items, reps_m, reps_b if arms.base else None)
-    summary["verify_cost_ratio"] = calibration["verify_cost_ratio"]  # verify of a full block / one decode step
-    summary["model"] = speedup_model(items, summary, calibration, arms.block,
-                                     arms.method.incremental_verify, arms.method.verifies_full_block)
-    out = {"prompts": items, "calibration": calibration, "summary": summary, "wall": wall.seconds}
-    for eng in arms.engines():
-        eng.use_prefix(None)
-    if cell_context and prefix is not None:
-        cell_context["prefix_reuse"] = {"tokens": len(prefix.prefix), "fed_this_process": prefix.fed,
-                                        "restored": prefix.restored, "snapshot_bytes": prefix.nbytes()}
-    return {**out, "context": cell_context} if cell_context else out
+        self.items.append(item)
+
+    def warm_up(self, first: bool, where: str, run) -> None:
+        HEARTBEAT.start(f"the warm-up of {where}")
+        with self.wall("warmup"):
+            if first:
+                self.log(f"  warm-up: {self.bench.warmup} generation(s) per arm")
+                self.warm = _warm_up(self.arms, run, self.bench.warmup)
+            else:  # later prompts bring new shapes (their prefill), not new code: a short generation compiles them
+                short = _later_warmup_tokens(self.bench, self.arms.block)
+                _warm_up(self.arms, lambda eng: run(eng, max_new_tokens=short), min(self.bench.warmup, 1))
+
+    def calibrate(self, ids: list[int], run) -> None:
+        self.log(f"  calibration: verify of {len(verify_sizes(self.arms.block))} sizes up to {self.arms.block} tokens")
+        HEARTBEAT.start("the calibration")
+        with self.wall("calibrate"):
+            self.calibration = _calibrate_cell(self.arms, ids, self.sampler, self.warm, self.context,
+                                               scaling=not self.ctx)
+            if self.calibration.get("rollback", {}).get("switched"):
+                _warm_up(self.arms, run, min(self.bench.warmup, 1))  # the chosen strategy's shapes, before timing
+
+    def result(self) -> dict:
+        """The record's prompts, calibration, summary (with the speedup model), wall and context."""
+        arms = self.arms
+        summary = cell_summary(self.items, self.reps_m, self.reps_b if arms.base else None)
+        summary["verify_cost_ratio"] = self.calibration["verify_cost_ratio"]  # verify of a full block / one decode step
+        summary["model"] = speedup_model(self.items, summary, self.calibration, arms.block,
+                                         arms.method.incremental_verify, arms.method.verifies_full_block)
+        out = {"prompts": self.items, "calibration": self.calibration, "summary": summary, "wall": self.wall.seconds}
+        if not self.cell_context:
+            return out
+        if self.prefix is not None:
+            self.cell_context["prefix_reuse"] = {"tokens": len(self.prefix.prefix), "fed_this_process": self.prefix.fed,
+                                                 "restored": self.prefix.restored, "snapshot_bytes": self.prefix.nbytes()}
+        return {**out, "context": self.cell_context}
 
 
 PREFIXES = PrefixStore()  # one prefix's snapshots kept across the cells of a sweep (engines/prefix.py)
