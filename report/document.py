@@ -158,70 +158,60 @@ def write(root: Path) -> tuple[Path, pd.DataFrame]:
     return root / "report.md", df
 
 
+OUTSIDE_CAPTION = ("Arms whose generation loop is not the harness's: reference implementations, engine processes "
+                   "(subprocess protocol) and servers. They are timed on the same prompts the same way; what each "
+                   "cannot show (logits, per-round acceptance, its own token ids) is named here and left `-` in "
+                   "the tables above.")
+DIVERGENCE_CAPTION = ("Where an output leaves the reference arm's output: the reference's own top-1/top-2 score margin at "
+                      "that position (a margin at float-noise level is a numerical near-tie, a wide one a bug) and the rank "
+                      "of the method's token among its scores. The scores are the reference's own: the harness's base "
+                      "target re-run over the base output, mlx-lm's log-probabilities for `vs mlx_lm`; an arm that gives "
+                      "none (`vs dflash_zlab`) shows `-`. The last column shows what `method=control` (an "
+                      "empty draft through the same batched verify) did on that prompt at the same block size and kv, "
+                      "when the run includes it: a control that leaves base too means verify numerics, one that keeps "
+                      "base points at the method.")
+RESOURCES_CAPTION = ("Peak device memory of each arm (reset before each of its generations; the weights are included), "
+                     "the bytes its caches hold at the end of a generation (allocated K/V buffers, quantized parts, "
+                     "recurrent states; drafter caches included), and the median time of one round (one token for "
+                     "base decoding), which rare slow rounds do not move. A rep slower than a third of its arm's median "
+                     "on the same prompt is counted as an outlier, never silently averaged.")
+MODEL_CAPTION = ("Round cost c = (verify over K+1 tokens + the method's other phases of a round) / one base decode "
+                 "step: the verify cost ratio comes from a calibration on the cell's first prompt, the other phases "
+                 "from profiled runs of both arms side by side, and the base step is the timed base arm's median "
+                 "step (pipelined as it runs; a drafting round reads the host once anyway, so its profile is its "
+                 "cost). Predicted = tau / c, the speedup "
+                 "the component costs explain for the tokens the rounds yielded; far from measured means a cost the "
+                 "profile misses. The method wins when tau > c (the break-even tau). Acceptance a is accepted / "
+                 "drafted tokens. alpha is Leviathan et al.'s per-token acceptance: the rate at which independent "
+                 "acceptance, E(alpha) = (1 - alpha^(K+1)) / (1 - alpha) tokens per round, yields the measured tau "
+                 "(above a, which counts drafts after the first rejection as rejected). Break-even alpha: where "
+                 "E(alpha) = c. Base pipelining: the profiled base step (unpipelined, with barriers) over the timed "
+                 "base arm's median step, which queues each step before reading the last: what pipelining saves "
+                 "base decoding.")
+
+
 def _write_into(root: Path, out: Path) -> pd.DataFrame:
     """Every report file for the records under `root`, written into `out`."""
     records, unread = scan_records(root)
-    df = cells(root, records)
-    pr = prompts(root, records)
-    prof = profiles(records)
-    hists = accept_hists(records)
-    cat = categories(records)
-    outside = outside_arms(records)
-    df.to_csv(out / "report.csv", index=False)
-    cat.to_csv(out / "categories.csv", index=False)
-    pr.to_csv(out / "prompts.csv", index=False)
-    prof.to_csv(out / "profiles.csv", index=False)
-    dep = depth(records)
-    if len(dep):
-        dep.to_csv(out / "depth.csv", index=False)
+    df, pr, prof, cat, dep = cells(root, records), prompts(root, records), profiles(records), categories(records), depth(records)
+    for frame, name in ((df, "report"), (cat, "categories"), (pr, "prompts"), (prof, "profiles"), (dep, "depth")):
+        if name != "depth" or len(dep):
+            frame.to_csv(out / f"{name}.csv", index=False)
     pngs = [plots.speedup_vs_block(df, out / "speedup_vs_block.png"),
-            plots.tau_histograms(hists, out / "tau_histograms.png"),
+            plots.tau_histograms(accept_hists(records), out / "tau_histograms.png"),
             plots.profile_bars(prof, out / "profile.png"),
             plots.predicted_vs_measured(df, out / "predicted_vs_measured.png")]
+    outside = outside_arms(records)
     doc = [header(root, records),
            "## Results", "", arch_tables(df),
            "## Results by prompt category", "", CATEGORY_CAPTION, "", category_tables(cat),
            *axes_section(records, dep, out),
-           *(["## Outside implementations", "",
-               "Arms whose generation loop is not the harness's: reference implementations, engine processes "
-               "(subprocess protocol) and servers. They are timed on the same prompts the same way; what each "
-               "cannot show (logits, per-round acceptance, its own token ids) is named here and left `-` in "
-               "the tables above.", "", outside_table(outside), ""] if len(outside) else []),
-           "## Divergence from the reference", "",
-           "Where an output leaves the reference arm's output: the reference's own top-1/top-2 score margin at "
-           "that position (a margin at float-noise level is a numerical near-tie, a wide one a bug) and the rank "
-           "of the method's token among its scores. The scores are the reference's own: the harness's base "
-           "target re-run over the base output, mlx-lm's log-probabilities for `vs mlx_lm`; an arm that gives "
-           "none (`vs dflash_zlab`) shows `-`. The last column shows what `method=control` (an "
-           "empty draft through the same batched verify) did on that prompt at the same block size and kv, "
-           "when the run includes it: a control that leaves base too means verify numerics, one that keeps "
-           "base points at the method." + _sampled_note(records), "",
-           divergence_table(pr),
-           "## Memory and round cost", "",
-           "Peak device memory of each arm (reset before each of its generations; the weights are included), "
-           "the bytes its caches hold at the end of a generation (allocated K/V buffers, quantized parts, "
-           "recurrent states; drafter caches included), and the median time of one round (one token for "
-           "base decoding), which rare slow rounds do not move. A rep slower than a third of its arm's median "
-           "on the same prompt is counted as an outlier, never silently averaged.", "",
-           resources_table(df),
+           *(["## Outside implementations", "", OUTSIDE_CAPTION, "", outside_table(outside), ""] if len(outside) else []),
+           "## Divergence from the reference", "", DIVERGENCE_CAPTION + _sampled_note(records), "", divergence_table(pr),
+           "## Memory and round cost", "", RESOURCES_CAPTION, "", resources_table(df),
            "## Per-round profile (mean ms per round)", "", profile_table(prof),
-           "## Speedup model", "",
-           "Round cost c = (verify over K+1 tokens + the method's other phases of a round) / one base decode "
-           "step: the verify cost ratio comes from a calibration on the cell's first prompt, the other phases "
-           "from profiled runs of both arms side by side, and the base step is the timed base arm's median "
-           "step (pipelined as it runs; a drafting round reads the host once anyway, so its profile is its "
-           "cost). Predicted = tau / c, the speedup "
-           "the component costs explain for the tokens the rounds yielded; far from measured means a cost the "
-           "profile misses. The method wins when tau > c (the break-even tau). Acceptance a is accepted / "
-           "drafted tokens. alpha is Leviathan et al.'s per-token acceptance: the rate at which independent "
-           "acceptance, E(alpha) = (1 - alpha^(K+1)) / (1 - alpha) tokens per round, yields the measured tau "
-           "(above a, which counts drafts after the first rejection as rejected). Break-even alpha: where "
-           "E(alpha) = c. Base pipelining: the profiled base step (unpipelined, with barriers) over the timed "
-           "base arm's median step, which queues each step before reading the last: what pipelining saves "
-           "base decoding.", "",
-           model_table(df),
-           "## Plots", "",
-           *[f"![{p.stem}]({p.name})" for p in pngs], "",
+           "## Speedup model", "", MODEL_CAPTION, "", model_table(df),
+           "## Plots", "", *[f"![{p.stem}]({p.name})" for p in pngs], "",
            *unread_section(root, unread)]
     (out / "report.md").write_text("\n".join(doc))
     return df
