@@ -170,28 +170,11 @@ def _check_outside(method, knobs) -> None:
 
 def validate(cfg) -> None:
     """Check every value the schema cannot; raises ConfigError."""
-    from engines.gemm import available as gemm_available  # a CUDA kernel module: loads MLX, which the schema does not
-
     try:
         engine = get_engine(cfg.method.name)
     except KeyError as e:
         raise ConfigError(f"{e.args[0]} (choose with method=<name>)") from None
-    if "block_size" in engine.knobs:
-        bs = cfg.method.block_size
-        if bs is None and "drafter" in engine.knobs:
-            pass  # the drafter's own block size
-        elif not isinstance(bs, int) or bs < 2:
-            raise ConfigError(f"method.block_size={bs!r} is not valid for {cfg.method.name}: it is the number of "
-                              "tokens verified per round (drafts + 1) and must be an integer >= 2")
-    if "min_ngram" in engine.knobs:
-        if cfg.method.min_ngram < 1 or cfg.method.max_ngram < cfg.method.min_ngram:
-            raise ConfigError(f"ngram sizes min_ngram={cfg.method.min_ngram}, max_ngram={cfg.method.max_ngram} are "
-                              "not valid; need 1 <= min_ngram <= max_ngram")
-    if "depth" in engine.knobs:
-        m = cfg.method
-        if m.depth < 1 or m.top_k < 1 or m.total_tokens < m.depth:
-            raise ConfigError(f"eagle3 tree depth={m.depth}, top_k={m.top_k}, total_tokens={m.total_tokens} is not "
-                              "valid; need depth >= 1, top_k >= 1 and total_tokens >= depth")
+    _check_method(cfg.method, engine.knobs)
     _check_outside(cfg.method, engine.knobs)
     _one_of("arch.dtype", cfg.arch.dtype, DTYPES)
     _one_of("method.verify", cfg.method.verify, ("batched", "sequential"))
@@ -203,17 +186,40 @@ def validate(cfg) -> None:
         get_engine(cfg.reference)
     except KeyError as e:
         raise ConfigError(f"reference: {e.args[0]}") from None
-    if cfg.dispatch.stage_every is not None and cfg.dispatch.stage_every < 0:
-        raise ConfigError(f"dispatch.stage_every={cfg.dispatch.stage_every} is not valid; use null (the device's "
-                          "default), 0 (never) or a number of layers >= 1")
-    if cfg.dispatch.small_m_gemm and not gemm_available():  # the check Target makes, before any model loads
-        raise ConfigError("dispatch.small_m_gemm=true needs MLX's CUDA backend (engines/gemm.py is a CUDA kernel); "
-                          "leave it null or false on this machine")
-    b = cfg.bench
+    _check_dispatch(cfg.dispatch)
     if "block_size" in engine.knobs:
-        check_block(cfg.method.block_size, b.max_new_tokens)
+        check_block(cfg.method.block_size, cfg.bench.max_new_tokens)
     if cfg.lock_timeout_s is not None and cfg.lock_timeout_s < 0:
         raise ConfigError(f"lock_timeout_s={cfg.lock_timeout_s} is not valid; use null (wait) or seconds >= 0")
+    _check_bench(cfg.bench)
+
+
+def _check_method(m, knobs) -> None:
+    # The knobs this method reads, each in its valid range.
+    if "block_size" in knobs and not (m.block_size is None and "drafter" in knobs):  # None: the drafter's own
+        if not isinstance(m.block_size, int) or m.block_size < 2:
+            raise ConfigError(f"method.block_size={m.block_size!r} is not valid for {m.name}: it is the number of "
+                              "tokens verified per round (drafts + 1) and must be an integer >= 2")
+    if "min_ngram" in knobs and (m.min_ngram < 1 or m.max_ngram < m.min_ngram):
+        raise ConfigError(f"ngram sizes min_ngram={m.min_ngram}, max_ngram={m.max_ngram} are "
+                          "not valid; need 1 <= min_ngram <= max_ngram")
+    if "depth" in knobs and (m.depth < 1 or m.top_k < 1 or m.total_tokens < m.depth):
+        raise ConfigError(f"eagle3 tree depth={m.depth}, top_k={m.top_k}, total_tokens={m.total_tokens} is not "
+                          "valid; need depth >= 1, top_k >= 1 and total_tokens >= depth")
+
+
+def _check_dispatch(d) -> None:
+    from engines.gemm import available as gemm_available  # a CUDA kernel module: loads MLX, which the schema does not
+
+    if d.stage_every is not None and d.stage_every < 0:
+        raise ConfigError(f"dispatch.stage_every={d.stage_every} is not valid; use null (the device's "
+                          "default), 0 (never) or a number of layers >= 1")
+    if d.small_m_gemm and not gemm_available():  # the check Target makes, before any model loads
+        raise ConfigError("dispatch.small_m_gemm=true needs MLX's CUDA backend (engines/gemm.py is a CUDA kernel); "
+                          "leave it null or false on this machine")
+
+
+def _check_bench(b) -> None:
     for key, low in (("max_new_tokens", 1), ("reps", 1), ("warmup", 0), ("seed", 0), ("cooldown_s", 0), ("context", 0)):
         if getattr(b, key) < low:
             raise ConfigError(f"bench.{key}={getattr(b, key)} is not valid; it must be >= {low}")
