@@ -229,7 +229,11 @@ CONTEXT_CAPTION = (
     "every prompt; `context tokens` is what the prompts held). Speedup is paired within each cell, so each "
     "row compares the method with its reference at that context. The phases are the profiled run's mean ms "
     "per round, costliest first: a cost that grows with the context (a verify's attention, a drafter's "
-    "context pass) shows there; TTFT holds the prefill and the method's pass over the prompt.")
+    "steps over a longer cache) shows there. `prefill ms` and `context pass ms` split the method's profiled "
+    "first token into the target's prefill and the method's own pass over the whole prompt (prepare: an "
+    "EAGLE-3, DFlash or MTP drafter reading every prompt position, a draft model's prefill). With "
+    "bench.context_reuse (the default) the target's prefill restores the context and feeds only the rest, "
+    "so TTFT and `prefill ms` exclude the context's own prefill; the context pass does not.")
 
 TEMPERATURE_CAPTION = (
     "The same cells at each sampling temperature (0 = greedy). At T > 0 both arms sample and drafts are "

@@ -390,8 +390,10 @@ def along(records, axis: str) -> pd.DataFrame:
     """One row per cell that ran, for reading bench `axis` (context, temperature): the cell
     named without that axis, so one method's cells line up across its values; the value in
     column `axis`; speedup and its reps CI, tau, acceptance, TTFT of both arms, the context
-    tokens the prompts had (mean over them), whether the cell is paired with a reference, and
-    one column per profiled phase ("ms verify": mean ms per round, `phase_means`)."""
+    tokens the prompts had (mean over them), whether the cell is paired with a reference, the
+    method's profiled first token split into the target's prefill and its own context pass
+    (prepare: a drafter's pass over the prompt), and one column per profiled phase ("ms verify":
+    mean ms per round, `phase_means`)."""
     labels = cell_labels(records, leave_out=(axis,))
     rows = []
     for _, rec in records:
@@ -399,14 +401,18 @@ def along(records, axis: str) -> pd.DataFrame:
             continue
         s, items = rec.get("summary") or {}, rec.get("prompts", [])
         held = [i["context_tokens"] for i in items if i.get("context_tokens") is not None]
+        firsts = [i["first_token"] for i in items if i.get("first_token")]  # the profiled runs' first-token split
         rows.append({**_keys(rec, labels), axis: bench_of(rec).get(axis), "cell_id": rec["cell_id"],
                      "paired": rec["cell"].get("reference") is not None,
                      **{k: s.get(k) for k in ("speedup", "speedup_ci_low", "speedup_ci_high", "tau",
                                               "acceptance_rate", "ttft_ms", "base_ttft_ms")},
                      "context_tokens": statistics.mean(held) if held else None,
+                     **{f"first_{k}_ms": statistics.mean(f.get(k, 0.0) for f in firsts) if firsts else None
+                        for k in ("prefill", "prepare")},
                      **{PHASE_PREFIX + p: ms for p, ms in phase_means(items).items()}})
     columns = ["arch", "method", "block_size", "kv", axis, "cell_id", "paired", "speedup", "speedup_ci_low",
-               "speedup_ci_high", "tau", "acceptance_rate", "ttft_ms", "base_ttft_ms", "context_tokens"]
+               "speedup_ci_high", "tau", "acceptance_rate", "ttft_ms", "base_ttft_ms", "context_tokens",
+               "first_prefill_ms", "first_prepare_ms"]
     df = pd.DataFrame(rows)
     df = df.reindex(columns=columns + [c for c in df.columns if c not in columns])  # the phases follow
     df["block_size"] = df["block_size"].astype("Int64")

@@ -323,16 +323,19 @@ def _phases(r, cols: list[str]) -> str:
 
 def context_table(ax: pd.DataFrame) -> str:
     """method x context length (the `along(records, "context")` frame): speedup [95% CI: reps],
-    tau, acceptance, TTFT of both arms, and the ms per round of each profiled phase."""
+    tau, acceptance, TTFT of both arms, the method's profiled first token as the target's prefill
+    and its own context pass, and the ms per round of each profiled phase."""
     if ax.empty:
         return "_No cells ran._\n"
     cols = _phase_costs(ax)
     rows = [[r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"], _fmt(r["context"], "d"),
              _fmt(r["context_tokens"], ".0f"), _speedup(r), _fmt(r["tau"], ".2f"), _fmt(r["acceptance_rate"], ".1%"),
-             _pair(r, "base_ttft_ms", "ttft_ms", ".1f"), _phases(r, cols)]
+             _pair(r, "base_ttft_ms", "ttft_ms", ".1f"), _fmt(r["first_prefill_ms"], ".1f"),
+             _fmt(r["first_prepare_ms"], ".1f"), _phases(r, cols)]
             for _, r in _axis_order(ax, "context").iterrows()]
     headers = ["arch", "method", "block", "kv", "context", "context tokens (mean)", "speedup [95% CI: reps]", "tau",
-               "accept", "TTFT ms reference/method", "ms per round by phase (profiled)"]
+               "accept", "TTFT ms reference/method", "prefill ms", "context pass ms",
+               "ms per round by phase (profiled)"]
     return _md(rows, headers) + "\n"
 
 

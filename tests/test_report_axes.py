@@ -231,3 +231,16 @@ def test_a_run_with_one_context_and_one_temperature_has_only_the_depth_section(t
     assert "### Context length" not in md and "### Temperature" not in md
     assert not (tmp_path / "speedup_vs_context.png").exists() and not (tmp_path / "speedup_vs_temperature.png").exists()
     assert "sampled" not in md.split("## Divergence")[0]  # greedy cells carry no temperature label
+
+
+def test_the_context_table_splits_the_first_token_into_prefill_and_the_drafters_context_pass():
+    records = _context_records()
+    for _, rec in records:  # profiled first tokens on two prompts: prepare grows with the context
+        c = rec["cell"]["bench"].get("context", 0)
+        for j, item in enumerate(rec["prompts"][:2]):
+            item["first_token"] = {"prefill": 10.0 + j, "prepare": c / 100 + 2 * j}
+    ax = along(records, "context")
+    row = ax[(ax["method"] == "eagle3") & (ax["context"] == 4096)].iloc[0]
+    assert (row["first_prefill_ms"], row["first_prepare_ms"]) == pytest.approx((10.5, 40.96 + 1.0))
+    line = next(ln for ln in context_table(ax).splitlines() if "| eagle3" in ln and "| 4096 " in ln)
+    assert [c.strip() for c in line.split("|")][-4:-2] == ["10.5", "42.0"]
