@@ -13,7 +13,7 @@ class Autoregressive(Engine):
     drafts = False  # the loop pipelines its steps as mlx-lm's generate_step does
 
     def verify(self, pending, draft):
-        return self.target.forward(pending)  # one token, never rolled back: no rollback bookkeeping
+        return self.target.forward(pending).logits  # one token, never rolled back: no rollback bookkeeping
 
     def rollback(self, n_accepted, draft):
         pass

@@ -26,7 +26,7 @@ from typing import ClassVar
 import mlx.core as mx
 
 from engines.deltanet import backend_path
-from engines.target import Target, as_ids
+from engines.target import Forward, Target, as_ids
 
 
 @dataclass
@@ -116,6 +116,10 @@ class Engine:
     - rollback(n_accepted, draft) keeps pending + the first n_accepted drafts in
       every cache and drops the rest, exactly, or raises RollbackError.
     - describe() -> dict of facts for the record (e.g. which rollback path ran).
+
+    An engine that reads the target's hidden states (a drafter conditioned on them) says which
+    layers in hidden_layers(cfg, model); its Target is built to keep them (build() does so),
+    and it reads them from the Forward that the target call which fed those tokens returns.
     """
 
     name: ClassVar[str] = ""  # the key engines/registry.py lists this class under
@@ -133,8 +137,30 @@ class Engine:
         self.sampler = None  # set by the loop before prefill (temperature, seeded streams)
         self.max_drafts: int | None = None  # set by the loop before each draft where caps_drafts
 
+    @classmethod
+    def hidden_layers(cls, cfg, model) -> tuple[int, ...]:
+        """The target layers whose outputs this method reads from target forwards (Forward.hidden),
+        for method config `cfg` (read from its drafter's config, not its weights) on the loaded
+        target `model`; its Target must be built with Target(..., hidden_layers=these). () for a
+        method that reads none. May raise DrafterError, as loading the drafter would."""
+        return ()
+
+    @classmethod
+    def build(cls, model, cfg, **target_kw) -> "Engine":
+        """This engine over a fresh Target of `model` that keeps the layers it reads;
+        target_kw are the Target's other settings (kv, rollback, kv_group_size, dispatch)."""
+        return cls(Target(model, hidden_layers=cls.hidden_layers(cfg, model), **target_kw), cfg)
+
+    def _check_hidden_layers(self, layers: tuple[int, ...]) -> None:
+        # Called by an engine that reads hidden states, once its drafter is loaded.
+        cls = type(self).__name__
+        if self.target.hidden_layers != tuple(layers):
+            raise ValueError(f"{cls} reads the target's layers {tuple(layers)}, but its Target keeps "
+                             f"{self.target.hidden_layers}: build it with {cls}.build(model, cfg) or "
+                             f"Target(model, hidden_layers={cls}.hidden_layers(cfg, model))")
+
     def prefill(self, prompt: list[int]) -> mx.array:
-        return self.target.prefill(prompt)
+        return self.target.prefill(prompt).logits
 
     def prepare(self, history: list[int]) -> mx.array | None:
         return None  # what it computed outside the caches, for the loop's barrier
@@ -143,11 +169,12 @@ class Engine:
         return Draft()
 
     def verify(self, pending: mx.array, draft: Draft) -> mx.array:
-        return self.target_verify(mx.concatenate([pending, draft.tokens]) if draft.k else pending)
+        return self.target_verify(mx.concatenate([pending, draft.tokens]) if draft.k else pending).logits
 
-    def target_verify(self, tokens: mx.array) -> mx.array:
+    def target_verify(self, tokens: mx.array) -> Forward:
         """One batched target forward, or one per token when the method asks for
-        verify=sequential (single-token decode numerics, T forwards)."""
+        verify=sequential (single-token decode numerics, T forwards); logits [T, V] and
+        hidden [1, T, n * H] (None where the Target keeps no layers)."""
         if getattr(self.cfg, "verify", "batched") == "sequential":
             return self.target.verify_sequential(tokens)
         return self.target.verify(tokens)

@@ -27,7 +27,7 @@ class Control(Engine):
 
     def verify(self, pending: mx.array, draft: Draft):
         # [1 + K fillers] -> logits [K+1, V]; the loop sees only position 0 (empty draft).
-        return self.target.verify(mx.repeat(pending, 1 + self.fillers))[:1]
+        return self.target.verify(mx.repeat(pending, 1 + self.fillers)).logits[:1]
 
     def rollback(self, n_accepted: int, draft: Draft) -> None:
         self.target.commit(1)

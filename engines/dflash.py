@@ -300,12 +300,17 @@ def save_drafter(drafter: DFlashDrafter, path: Path, dtype=mx.bfloat16) -> None:
     write_checkpoint(path, drafter.config.to_json(), dict(tree_flatten(drafter.parameters())), dtype)
 
 
+def read_drafter_config(path: Path) -> tuple[DFlashConfig, dict]:
+    """The checked config of the DFlash drafter at `path` (and its raw JSON), weights unread."""
+    raw = read_config(path, "a DFlash drafter")
+    return DFlashConfig.from_json(raw, str(path / "config.json")), raw
+
+
 def load_drafter(path: Path, target_model: nn.Module) -> DFlashDrafter:
     """Load and validate a z-lab DFlash drafter for `target_model`; DrafterError naming the file."""
     path = Path(path)
     where = path / "config.json"
-    raw = read_config(path, "a DFlash drafter")
-    cfg = DFlashConfig.from_json(raw, str(where))
+    cfg, raw = read_drafter_config(path)
     n_target, h_target = num_layers(target_model), hidden_size(target_model)
     vocab = vocab_size(target_model)
     bad = [i for i in cfg.target_layer_ids if not 0 <= i < n_target]
@@ -345,19 +350,23 @@ class DFlash(Engine):
     knobs = ("block_size", "drafter")
     drafter_kind = "dflash"
 
+    @classmethod
+    def hidden_layers(cls, cfg, model):
+        return tuple(read_drafter_config(Path(cfg.drafter))[0].target_layer_ids)
+
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
         self.drafter = load_drafter(cfg.drafter, target.model)
         self.block = cfg.block_size or self.drafter.config.block_size
         self.mask_id = self.drafter.config.mask_token_id
-        target.hidden_layers = self.drafter.config.target_layer_ids
+        self._check_hidden_layers(self.drafter.config.target_layer_ids)
         for layer in self.drafter.layers:
             layer.self_attn.stable = target.stable_attention
 
     def prefill(self, prompt):
         self.prompt_len = len(prompt)
-        logits = self.target.prefill(prompt)
-        self.context = [self.target.hidden]  # target hidden states not yet in the drafter's cache
+        logits, hidden = self.target.prefill(prompt)
+        self.context = [hidden]  # [1, n, n*H] target hidden states not yet in the drafter's cache
         self.dcache = self.drafter.make_cache()
         return logits
 
@@ -394,9 +403,12 @@ class DFlash(Engine):
     def caches(self):
         return [*super().caches(), *getattr(self, "dcache", [])]
 
+    def verify(self, pending, draft):
+        logits, self.verified = self.target_verify(mx.concatenate([pending, draft.tokens]))  # [K+1, V], [1, K+1, n*H]
+        return logits
+
     def rollback(self, n_accepted, draft):
-        # [1, n+1, n*H] of the kept positions, read before a replay commit re-runs the target
-        self.context.append(self.target.hidden[:, : n_accepted + 1])
+        self.context.append(self.verified[:, : n_accepted + 1])  # [1, n+1, n*H] of the kept positions
         self._commit(n_accepted)
 
     def describe(self):
@@ -429,7 +441,8 @@ class DFlashC(DFlash):
 
     def verify(self, pending, draft):
         self.target.prefill(self.sequence[:-1], reuse=False)  # the whole prefix, from position 0: Option C's cost
-        return self.target.forward(mx.concatenate([pending, draft.tokens]))  # [K+1, V]
+        logits, self.verified = self.target.forward(mx.concatenate([pending, draft.tokens]))  # [K+1, V], [1, K+1, n*H]
+        return logits
 
     def _commit(self, n_accepted):
         pass  # the next round rebuilds the cache from position 0

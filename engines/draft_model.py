@@ -86,7 +86,7 @@ class DraftModel(Engine):
         self.prompt_len = len(prompt)
         self.dm.reset()
         self.cached = 0  # history tokens in the draft model's cache
-        return self.target.prefill(prompt)
+        return self.target.prefill(prompt).logits
 
     def prepare(self, history):
         # The draft model's own prefill over the prompt (history = prompt + first token).
@@ -96,12 +96,12 @@ class DraftModel(Engine):
 
     def draft(self, history):
         pos = len(history) - self.prompt_len  # output position of the first draft
-        logits = self.dm.forward_chunked(history[self.cached:])[-1:]  # [1, V]: new tokens, ending at pending
+        logits = self.dm.forward_chunked(history[self.cached:]).logits[-1:]  # [1, V]: new tokens, ending at pending
         self.base, self.marks = len(history), [self.dm.mark()]
         tokens, qs = [], []
         for i in range(min(self.k, self.max_drafts or self.k)):
             if i:
-                logits = self.dm.forward(tokens[-1])  # [1] id on the device -> [1, V]
+                logits = self.dm.forward(tokens[-1]).logits  # [1] id on the device -> [1, V]
                 self.marks.append(self.dm.mark())
             t, q = self.sampler.propose(logits, pos + i)
             tokens.append(t)

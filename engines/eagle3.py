@@ -176,6 +176,12 @@ def default_aux_layers(n_layers: int) -> tuple[int, int, int]:
     return max(1, min(2, n_layers - 1)), max(1, n_layers // 2), max(1, n_layers - 3)
 
 
+def feature_layers(aux_layer_ids) -> tuple[int, ...]:
+    """The target layers whose outputs are the drafter's features, in layer order: the input of
+    layer i is the output of layer i - 1."""
+    return tuple(i - 1 for i in sorted(aux_layer_ids))
+
+
 class _MLP(nn.Module):
     """SwiGLU gate/up/down, as Llama and Qwen3 layers have it (biases with mlp_bias)."""
 
@@ -329,12 +335,17 @@ def _rename(k: str) -> str:
     return "layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k
 
 
+def read_eagle3_config(path: Path) -> tuple[Eagle3Config, dict]:
+    """The checked config of the EAGLE-3 drafter at `path` (and its raw JSON), weights unread."""
+    raw = read_config(path, "an EAGLE-3 drafter")
+    return Eagle3Config.from_json(raw, str(path / "config.json")), raw
+
+
 def load_eagle3(path: Path, target: nn.Module) -> Eagle3Drafter:
     """Load and validate an EAGLE-3 drafter (speculators or SafeAILab layout); DrafterError on any mismatch."""
     path = Path(path)
     where = path / "config.json"
-    raw = read_config(path, "an EAGLE-3 drafter")
-    c = Eagle3Config.from_json(raw, str(where))
+    c, raw = read_eagle3_config(path)
     n, h, vocab = num_layers(target), hidden_size(target), vocab_size(target)
     weights = read_tensors(path, _rename)
     _check_shapes(c, weights, n, h, vocab, where)
@@ -418,12 +429,16 @@ class Eagle3(Engine):
     knobs = ("drafter", "verify", "depth", "top_k", "total_tokens")
     drafter_kind = "eagle3"
 
+    @classmethod
+    def hidden_layers(cls, cfg, model):
+        c, _ = read_eagle3_config(Path(cfg.drafter))
+        return feature_layers(c.aux_layer_ids or default_aux_layers(num_layers(model)))  # as load_eagle3 picks them
+
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
         self.drafter = load_eagle3(Path(cfg.drafter), target.model)
         self.depth, self.top_k, self.total = cfg.depth, cfg.top_k, cfg.total_tokens
-        aux = self.drafter.config.aux_layer_ids
-        target.hidden_layers = tuple(i - 1 for i in aux)  # input of layer i = output of layer i - 1
+        self._check_hidden_layers(feature_layers(self.drafter.config.aux_layer_ids))
         self.hybrid = target.layout.recurrent > 0  # one recurrent state cannot serve several branches
         self.draft_ids = self.drafter.to_target(mx.arange(self.drafter.config.draft_vocab_size))  # [Vd] target ids
         self.block = (self.depth if self.hybrid else self.total) + 1  # tokens a full verify feeds
@@ -435,8 +450,8 @@ class Eagle3(Engine):
 
     def prefill(self, prompt):
         self.prompt_len = len(prompt)
-        logits = self.target.prefill(prompt)
-        self.features = [self.target.hidden]  # [1, n, A*H] target features not yet in the drafter cache
+        logits, hidden = self.target.prefill(prompt)
+        self.features = [hidden]  # [1, n, A*H] target features not yet in the drafter cache
         self.dcache = self.drafter.make_cache()
         self._prepared = None  # prepare()'s commit pass output, for the first draft
         return logits
@@ -559,10 +574,9 @@ class Eagle3(Engine):
     def verify(self, pending, draft):
         tokens = mx.concatenate([pending, draft.tokens])
         if draft.parents is not None:
-            logits = self.target.verify_tree(tokens, draft.parents)
+            logits, self.verified_features = self.target.verify_tree(tokens, draft.parents)
         else:
-            logits = self.target_verify(tokens)
-        self.verified_features = self.target.hidden
+            logits, self.verified_features = self.target_verify(tokens)  # [K+1, V], [1, K+1, A*H]
         return logits
 
     def rollback(self, n_accepted, draft):

@@ -147,16 +147,20 @@ class MTP(Engine):
     knobs = ("block_size", "drafter", "verify")
     drafter_kind = "mtp"
 
+    @classmethod
+    def hidden_layers(cls, cfg, model):
+        return (num_layers(model) - 1,)  # the last layer's output (final-normed here, as MTP reads it)
+
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
         self.head = load_mtp(Path(cfg.drafter), target.model)
         self.k = cfg.block_size - 1
-        target.hidden_layers = (num_layers(target.model) - 1,)
+        self._check_hidden_layers(self.hidden_layers(cfg, target.model))
 
     def prefill(self, prompt):
         self.prompt_len = len(prompt)
-        logits = self.target.prefill(prompt)
-        self.hidden = [self._normed(self.target.hidden)]  # target states not yet seen by MTP
+        logits, hidden = self.target.prefill(prompt)
+        self.hidden = [self._normed(hidden)]  # target states not yet seen by MTP
         self.cache = KVCache()
         self.chained = 0
         self._prepared = None  # prepare()'s first pass over the prompt, for the first draft
@@ -201,8 +205,12 @@ class MTP(Engine):
         self.prof.mark("mtp_chain", tokens[-1])
         return Draft(mx.concatenate(tokens), mx.concatenate(qs) if qs[0] is not None else None)
 
+    def verify(self, pending, draft):
+        logits, self.verified = self.target_verify(mx.concatenate([pending, draft.tokens]))  # [K+1, V], [1, K+1, H]
+        return logits
+
     def rollback(self, n_accepted, draft):
-        kept = self.target.hidden[:, : n_accepted + 1]  # read before a replay commit re-runs the target
+        kept = self.verified[:, : n_accepted + 1]  # [1, n+1, H] of the kept positions
         self.target.commit(n_accepted + 1)
         trim_attention(self.cache, self.chained)  # chained entries were built on MTP's own states
         self.chained = 0

@@ -45,8 +45,7 @@ class PrefixCache:
         time for its configuration. Returns the prefix's hidden states (or None)."""
         key = (id(target.model), target.kv, target.kv_group_size, target.strategy, tuple(target.hidden_layers))
         if key not in self.snapshots:
-            target.forward_chunked(self._ids)
-            hidden = target.hidden if target.hidden_layers else None
+            hidden = target.forward_chunked(self._ids).hidden  # [1, n, len(hidden_layers) * H], or None
             mx.eval([c.state for c in target.cache], hidden)
             self.snapshots[key] = ([_copy(c.state) for c in target.cache], hidden)
             self.fed += 1

@@ -27,7 +27,7 @@ def _timed_verify(target: Target, start: tuple, tokens: list[int], n_keep: int |
     # ms of one verify (and commit, when n_keep is given) from the cache at `start`, then back there.
     HEARTBEAT.beat(": a verify of %d tokens", len(tokens))
     t0 = time.perf_counter()
-    logits = target.verify(tokens)
+    logits = target.verify(tokens).logits
     if n_keep is not None:
         target.commit(n_keep)
     mx.eval(logits, [c.state for c in target.cache])

@@ -46,7 +46,7 @@ def divergence_margin(reference_arm: Engine, ref: Generation, ids: list[int], to
             return {**out, "margin_source": f"unavailable: {reference_arm.name} gives no scores"}
         logits, source = ref.scores[at].reshape(-1).astype(mx.float32), f"{reference_arm.name} log-probabilities"
     else:
-        logits = reference_arm.target.prefill(ids + reference[:at]).astype(mx.float32)  # [V] for output position `at`
+        logits = reference_arm.target.prefill(ids + reference[:at]).logits.astype(mx.float32)  # [V] for output position `at`
         source = "reference target re-run over the reference output"
     return {**out, **_margin(logits, tokens, at), "margin_source": source}
 

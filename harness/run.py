@@ -21,7 +21,6 @@ from omegaconf import OmegaConf
 from engines.errors import DrafterError, Unsupported
 from engines.hidden import text_model
 from engines.registry import get_engine
-from engines.target import Target
 from harness.config import canonical_cell, validate
 from harness.env import STREAM_PROBE, LoadMeter, blas_warning, environment, stream_rate
 from harness.errors import ConfigError
@@ -231,13 +230,13 @@ def _build_arms(model, tokenizer, cfg) -> Arms:
     strategy = "capture" if auto else cfg.rollback  # auto: switched to the measured fastest before timing
 
     def engine(name, method_cfg):
-        target = Target(model, kv=cfg.kv.name, rollback=strategy, kv_group_size=cfg.kv.group_size,
-                        stage_every=cfg.dispatch.stage_every, stable_attention=cfg.dispatch.stable_attention,
-                        small_m_gemm=cfg.dispatch.small_m_gemm)
         cls = get_engine(name)
         if "drafter" in cls.knobs and cls.drafter_kind == "draft_model":
             check_shared_tokenizer(tokenizer, Path(method_cfg.drafter))
-        eng = cls(target, method_cfg)
+        # its own Target, built to keep the hidden layers its drafter reads (cls.hidden_layers)
+        eng = cls.build(model, method_cfg, kv=cfg.kv.name, rollback=strategy, kv_group_size=cfg.kv.group_size,
+                        stage_every=cfg.dispatch.stage_every, stable_attention=cfg.dispatch.stable_attention,
+                        small_m_gemm=cfg.dispatch.small_m_gemm)
         if eng.external:
             eng.tokenizer = tokenizer  # reference APIs take one (for stop tokens); ids still go in and out
         return eng

@@ -17,7 +17,6 @@ from engines.checkpoint import BOOKKEEPING, INERT_DEFAULTS
 from engines.dflash import DFlashA, load_drafter
 from engines.eagle3 import Eagle3, load_eagle3
 from engines.errors import DrafterError
-from engines.target import Target
 from harness.errors import TargetError
 from harness.models import fixtures
 from harness.models.fixtures import cast_model
@@ -166,7 +165,7 @@ def _eagle_cfg(path):
 def test_redhat_speculators_v02_eagle3_as_published_loads_and_stays_lossless(target8, tmp_path):
     # It was refused with "config field(s) has_no_defaults_at_init not implemented by this loader".
     path = _write(tmp_path / "redhat", redhat_llama31_8b_speculator_config(), _eagle_tensors(21))
-    eng = Eagle3(Target(target8), _eagle_cfg(path))
+    eng = Eagle3.build(target8, _eagle_cfg(path))
     c = eng.drafter.config
     assert c.layout == "speculators" and c.norm_before_residual and c.aux_layer_ids == (2, 4, 5)
     assert (c.draft_vocab_size, c.target_hidden_size, c.rope_theta) == (DRAFT_V, H, 500000.0)
@@ -182,7 +181,7 @@ def test_other_published_eagle3_layouts_with_every_field_load_and_stay_lossless(
         config, tensors = safeailab_config(), _eagle_tensors(23)
         tensors = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v
                    for k, v in tensors.items()}
-    eng = Eagle3(Target(target8), _eagle_cfg(_write(tmp_path / layout, config, tensors)))
+    eng = Eagle3.build(target8, _eagle_cfg(_write(tmp_path / layout, config, tensors)))
     _lossless(eng, target8)
 
 
@@ -192,7 +191,7 @@ def test_zlab_dflash_with_every_field_loads_and_stays_lossless(target8, tmp_path
     shapes = {"fc.weight": (H, 4 * H), "hidden_norm.weight": (H,), "norm.weight": (H,), **_dflash_layer_shapes(0),
               **_dflash_layer_shapes(1)}
     path = _write(tmp_path / "zlab", zlab_dflash_config(), _random(shapes, 24))
-    eng = DFlashA(Target(target8), SimpleNamespace(block_size=None, drafter=str(path), verify="batched"))
+    eng = DFlashA.build(target8, SimpleNamespace(block_size=None, drafter=str(path), verify="batched"))
     assert eng.block == 16
     _lossless(eng, target8)
 

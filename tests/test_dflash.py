@@ -23,7 +23,7 @@ def dflash_cfg(arch, block_size=None):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_both_options_are_lossless_in_float32(models, arch):
     model, tok = models[arch]
-    engines = [DFlashA(Target(model), dflash_cfg(arch)), DFlashC(Target(model), dflash_cfg(arch))]
+    engines = [DFlashA.build(model, dflash_cfg(arch)), DFlashC.build(model, dflash_cfg(arch))]
     tokens = rounds = 0
     for _, ids in list(_units(tok))[::3]:
         want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
@@ -36,9 +36,18 @@ def test_both_options_are_lossless_in_float32(models, arch):
     assert tokens / rounds > 1.1, f"tau {tokens / rounds:.2f}: the drafter barely agrees with its target"
 
 
+def test_an_engine_refuses_a_target_not_built_with_the_hidden_layers_its_drafter_reads(models):
+    model, _ = models["llama"]
+    cfg = dflash_cfg("llama")
+    with pytest.raises(ValueError, match="hidden_layers"):
+        DFlashA(Target(model), cfg)
+    eng = DFlashA.build(model, cfg)
+    assert eng.target.hidden_layers == DFlashA.hidden_layers(cfg, model) == tuple(eng.drafter.config.target_layer_ids)
+
+
 def test_replay_rollback_is_lossless_on_the_hybrid(models):
     model, tok = models["qwen35"]
-    eng = DFlashA(Target(model, rollback="replay"), dflash_cfg("qwen35", block_size=6))
+    eng = DFlashA.build(model, dflash_cfg("qwen35", block_size=6), rollback="replay")
     for _, ids in list(_units(tok))[:4]:
         assert generate_ids(eng, ids, NEW_TOKENS).tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
 
@@ -103,12 +112,12 @@ def test_option_a_verify_work_stays_flat_while_option_c_grows_with_context(model
 
     model, tok = models["llama"]
     ids = next(_units(tok))[1]  # ~60 tokens; the long context is 4x that
-    a = context_scaling(DFlashA(Target(model), dflash_cfg("llama")), ids, Sampler())
-    c = context_scaling(DFlashC(Target(model), dflash_cfg("llama")), ids, Sampler())
+    a = context_scaling(DFlashA.build(model, dflash_cfg("llama")), ids, Sampler())
+    c = context_scaling(DFlashC.build(model, dflash_cfg("llama")), ids, Sampler())
     assert a["long"]["context"] == c["long"]["context"] >= 4 * len(ids)
     # Work, not wall time (a busy machine must not fail this): A feeds the target one block
     # per round whatever the context; C re-feeds the whole context, ~4x the tokens at 4x.
-    block = DFlashA(Target(model), dflash_cfg("llama")).block
+    block = DFlashA.build(model, dflash_cfg("llama")).block
     assert a["short"]["fed_per_round"] == a["long"]["fed_per_round"] == block, a
     assert c["fed_growth"] > 3.0 and c["short"]["fed_per_round"] > len(ids), c
 

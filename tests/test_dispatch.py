@@ -22,7 +22,7 @@ FORCED = {"stage_every": 1, "stable_attention": True}
 
 
 def _dflash(model, arch, **kw):
-    return DFlashA(Target(model, **kw), SimpleNamespace(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch))))
+    return DFlashA.build(model, SimpleNamespace(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch))), **kw)
 
 
 @pytest.mark.parametrize("device, cuda_build, on", [
@@ -80,7 +80,7 @@ def test_bucketed_attention_reads_the_whole_buffer_and_gives_the_same_logits(mod
         t = Target(model, stable_attention=on)
         t.prefill(ids)
         seen.clear()
-        logits[on] = t.verify([5, 6, 7, 8, 9, 10])
+        logits[on] = t.verify([5, 6, 7, 8, 9, 10]).logits
         mx.eval(logits[on])
         assert set(seen) == ({256} if on else {len(ids) + 6}), seen  # the 256-key buffer, or the exact key count
     assert mx.abs(logits[True] - logits[False]).max().item() < 1e-5
@@ -94,7 +94,7 @@ def test_staged_dispatch_queues_the_graph_every_n_layers(models, monkeypatch):
     n = len(decoder(model).layers)
     for every, expect in ((0, 0), (1, n - 1), (2, (n - 1) // 2)):
         queued.clear()
-        mx.eval(Target(model, stage_every=every).prefill([1, 2, 3, 4]))
+        mx.eval(Target(model, stage_every=every).prefill([1, 2, 3, 4]).logits)
         assert len(queued) == expect, (every, queued)  # never after the last layer: the caller evaluates that
 
 

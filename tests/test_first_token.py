@@ -12,7 +12,6 @@ from engines.dflash import DFlashA
 from engines.eagle3 import Eagle3
 from engines.mtp import MTP
 from engines.sampling import Sampler
-from engines.target import Target
 from harness.loop import generate
 from harness.generation import run_generation
 from harness.models import fixtures
@@ -27,9 +26,9 @@ from tests.test_mtp import mtp_cfg
 def _engines(models):
     llama, qwen = models["llama"][0], models["qwen35"][0]
     return {
-        "dflash_a": (llama, lambda: DFlashA(Target(llama), dflash_cfg("llama", 4)), lambda e: e.dcache[0].offset),
-        "eagle3": (llama, lambda: Eagle3(Target(llama), eagle_cfg("llama")), lambda e: e.dcache[0].offset),
-        "mtp": (qwen, lambda: MTP(Target(qwen), mtp_cfg(fixtures.fixture_dir("qwen35"), 2)), lambda e: e.cache.offset),
+        "dflash_a": (llama, lambda: DFlashA.build(llama, dflash_cfg("llama", 4)), lambda e: e.dcache[0].offset),
+        "eagle3": (llama, lambda: Eagle3.build(llama, eagle_cfg("llama")), lambda e: e.dcache[0].offset),
+        "mtp": (qwen, lambda: MTP.build(qwen, mtp_cfg(fixtures.fixture_dir("qwen35"), 2)), lambda e: e.cache.offset),
     }
 
 

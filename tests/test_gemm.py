@@ -165,11 +165,11 @@ def _engines(model, arch):
     from tests.test_mtp import mtp_cfg
 
     dflash = SimpleNamespace(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch)), verify="batched")
-    yield "dflash_a", lambda **kw: DFlashA(Target(model, **kw), dflash)
+    yield "dflash_a", lambda **kw: DFlashA.build(model, dflash, **kw)
     if arch == "llama":
-        yield "eagle3", lambda **kw: Eagle3(Target(model, **kw), eagle_cfg(arch))
+        yield "eagle3", lambda **kw: Eagle3.build(model, eagle_cfg(arch), **kw)
     if arch == "qwen35":
-        yield "mtp", lambda **kw: MTP(Target(model, **kw), mtp_cfg(fixtures.fixture_dir("qwen35"), 3))
+        yield "mtp", lambda **kw: MTP.build(model, mtp_cfg(fixtures.fixture_dir("qwen35"), 3), **kw)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen35"])

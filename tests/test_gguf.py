@@ -223,7 +223,7 @@ def test_gguf_target_runs_base_ngram_and_dflash_losslessly_against_safetensors(w
     want = generate_ids(base_engine(ref), prompt, 20).tokens
     drafter = _random_dflash(model, tmp_path / "dflash")
     engines = [base_engine(model), Ngram(Target(model), method_cfg(block_size=3)),
-               DFlashA(Target(model), SimpleNamespace(block_size=None, drafter=str(drafter), verify="batched"))]
+               DFlashA.build(model, SimpleNamespace(block_size=None, drafter=str(drafter), verify="batched"))]
     for eng in engines:
         assert generate_ids(eng, prompt, 20).tokens == want, f"{arch} {eng.name}"
 

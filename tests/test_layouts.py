@@ -18,7 +18,6 @@ from engines.dflash import DFlashA, load_drafter
 from engines.eagle3 import Eagle3, load_eagle3
 from engines.errors import DrafterError
 from engines.patches import zlab_snapshot_download
-from engines.target import Target
 from engines.torch_bin import read_torch_bin
 from harness.models import fixtures
 from tests.helpers import base_engine, generate_ids
@@ -80,7 +79,7 @@ def _dflash_new_schema(tmp_path, **extra):
 def test_zlab_nested_schema_loads_and_drafts_losslessly_with_causal_sliding_layers(models, tmp_path):
     model, tok = models["llama"]
     path = _dflash_new_schema(tmp_path)
-    eng = DFlashA(Target(model), SimpleNamespace(block_size=None, drafter=str(path), verify="batched"))
+    eng = DFlashA.build(model, SimpleNamespace(block_size=None, drafter=str(path), verify="batched"))
     c = eng.drafter.config
     assert (c.block_size, c.rope_theta, c.sliding_window) == (6, 1000000.0, 16) and eng.block == 6
     d = eng.describe()
@@ -214,7 +213,7 @@ def _eagle_cfg(path, depth=3):
 
 def test_speculators_eagle3_draft_model_loads_whole_and_stays_lossless(models, tmp_path):
     model, tok = models["llama"]
-    eng = Eagle3(Target(model), _eagle_cfg(_speculators_new(tmp_path)))
+    eng = Eagle3.build(model, _eagle_cfg(_speculators_new(tmp_path)))
     d = eng.describe()
     assert d["aux_layer_ids"] == [1, 2, 3, 4] and d["drafter_layers"] == 2 and d["layer_type"] == "qwen3"
     assert d["norm_before_fc"] and d["norm_output"] and d["norm_before_residual"] and d["own_embedding"]
@@ -260,7 +259,7 @@ def _safeailab_bin(tmp_path):
 def test_safeailab_pytorch_model_bin_loads_without_torch_and_stays_lossless(models, tmp_path):
     model, tok = models["llama"]
     path = _safeailab_bin(tmp_path)
-    eng = Eagle3(Target(model), _eagle_cfg(path))
+    eng = Eagle3.build(model, _eagle_cfg(path))
     d = eng.describe()
     assert d["layout"] == "eagle" and d["rope_theta"] == 10000.0 and not d["norm_before_residual"]
     ref = load_eagle3(fixtures.drafter_dir("eagle3", "llama"), model)

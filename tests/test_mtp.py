@@ -12,7 +12,6 @@ from engines.cache import ROLLBACK_STRATEGIES
 from engines.errors import DrafterError, Unsupported
 from engines.mtp import MTP, MTPHead, load_mtp
 from engines.sampling import Sampler
-from engines.target import Target
 from harness.generation import run_generation
 from harness.models import fixtures
 from tests.helpers import base_engine, generate_ids
@@ -26,7 +25,7 @@ def mtp_cfg(drafter, k=1, verify="batched"):
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_mtp_greedy_output_is_identical_to_base_on_every_builtin_prompt(models, k):
     model, tok = models["qwen35"]
-    eng = MTP(Target(model), mtp_cfg(fixtures.fixture_dir("qwen35"), k))
+    eng = MTP.build(model, mtp_cfg(fixtures.fixture_dir("qwen35"), k))
     tokens = rounds = partial = 0
     for uid, ids in _units(tok):
         got = generate_ids(eng, ids, NEW_TOKENS)
@@ -41,7 +40,7 @@ def test_mtp_greedy_output_is_identical_to_base_on_every_builtin_prompt(models, 
 def test_sequential_verify_is_lossless_and_rolls_back_recurrent_state(models):
     model, tok = models["qwen35"]
     for strategy in ROLLBACK_STRATEGIES:
-        eng = MTP(Target(model, rollback=strategy), mtp_cfg(fixtures.fixture_dir("qwen35"), 3, "sequential"))
+        eng = MTP.build(model, mtp_cfg(fixtures.fixture_dir("qwen35"), 3, "sequential"), rollback=strategy)
         for _, ids in list(_units(tok))[:5]:
             assert generate_ids(eng, ids, NEW_TOKENS).tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
 
@@ -49,7 +48,7 @@ def test_sequential_verify_is_lossless_and_rolls_back_recurrent_state(models):
 def test_mtp_on_a_sliding_window_target_is_unsupported(models):
     # an MTP head is built for Qwen3.5/Qwen3-Next and dense full-attention decoders, not Gemma 4
     with pytest.raises(Unsupported, match="this is gemma4"):
-        MTP(Target(models["gemma4"][0]), mtp_cfg(fixtures.fixture_dir("gemma4")))
+        MTP.build(models["gemma4"][0], mtp_cfg(fixtures.fixture_dir("gemma4")))
 
 
 def _copy_ckpt(tmp_path, edit):
@@ -179,11 +178,11 @@ def test_mtp_speculative_sampling_matches_base_sampling_and_naive_acceptance_doe
     model = _small_vocab_checkpoint(tmp_path)
     cfg = mtp_cfg(tmp_path, k=2)
     base = _empirical(lambda: base_engine(model))
-    mtp = _empirical(lambda: MTP(Target(model), cfg))
+    mtp = _empirical(lambda: MTP.build(model, cfg))
     # 1000 seeded generations per engine; the same distribution passes a chi-square
     # test at p = 0.001 (measured: 31.0 on 21 dof), a biased one fails it (naive: 77.7).
     stat, dof = _chi2(base, mtp)
     assert stat < CHI2_999[dof], (stat, dof)
     monkeypatch.setattr(loop, "accept_speculative", _naive_accept)
-    stat, dof = _chi2(base, _empirical(lambda: MTP(Target(model), cfg)))
+    stat, dof = _chi2(base, _empirical(lambda: MTP.build(model, cfg)))
     assert stat > CHI2_999[dof], (stat, dof)

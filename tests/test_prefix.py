@@ -23,22 +23,19 @@ def _prompt(n: int, seed: int) -> list[int]:
 def test_a_restored_prefix_gives_the_logits_of_its_first_feeding_bit_for_bit(models, arch):
     model, _ = models[arch]
     prefix = _prompt(100, 0)
-    target = Target(model)
-    target.hidden_layers = (1,)
+    target = Target(model, hidden_layers=(1,))
     target.prefix = PrefixCache(prefix)
     runs = []
     for tail_seed in (1, 1, 2):
-        logits = target.prefill(prefix + _prompt(7, tail_seed))
-        mx.eval(logits, target.hidden)
-        runs.append((np.array(logits), np.array(target.hidden), target.offset))
+        logits, hidden = target.prefill(prefix + _prompt(7, tail_seed))
+        mx.eval(logits, hidden)
+        runs.append((np.array(logits), np.array(hidden), target.offset))
     assert (target.prefix.fed, target.prefix.restored) == (1, 2)
     assert np.array_equal(runs[0][0], runs[1][0]) and np.array_equal(runs[0][1], runs[1][1])
     assert runs[0][1].shape[1] == 107 and runs[0][2] == 107  # hidden and offset cover the whole prompt
-    whole = Target(model)
-    whole.hidden_layers = (1,)
-    want = whole.prefill(prefix + _prompt(7, 2))
+    want, want_hidden = Target(model, hidden_layers=(1,)).prefill(prefix + _prompt(7, 2))
     np.testing.assert_allclose(runs[2][0], np.array(want), atol=1e-4)
-    np.testing.assert_allclose(runs[2][1], np.array(whole.hidden), atol=1e-4)
+    np.testing.assert_allclose(runs[2][1], np.array(want_hidden), atol=1e-4)
 
 
 def test_a_prompt_without_the_prefix_is_prefilled_whole(models):

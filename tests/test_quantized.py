@@ -12,7 +12,6 @@ from engines.dflash import DFlashA, load_drafter
 from engines.eagle3 import Eagle3, load_eagle3
 from engines.hidden import activation_dtype, hidden_size, vocab_size
 from engines.mtp import MTP, load_mtp
-from engines.target import Target
 from harness.models import fixtures
 from harness.models.fixtures import cast_model
 from tests.helpers import base_engine, generate_ids
@@ -62,12 +61,12 @@ def test_every_drafting_engine_is_lossless_on_a_4bit_target(quantized):
     for name, engines in (("llama-q4", ("dflash", "eagle3")), ("qwen35-q4", ("dflash", "eagle3", "mtp"))):
         model, tok = quantized[name]
         base = fixtures.original(name)[0]
-        made = {"dflash": lambda: DFlashA(Target(model), SimpleNamespace(
+        made = {"dflash": lambda: DFlashA.build(model, SimpleNamespace(
                     block_size=None, drafter=str(fixtures.drafter_dir("dflash", name)), verify="batched")),
-                "eagle3": lambda: Eagle3(Target(model), SimpleNamespace(
+                "eagle3": lambda: Eagle3.build(model, SimpleNamespace(
                     drafter=str(fixtures.drafter_dir("eagle3", name)), verify="batched", depth=3, top_k=3,
                     total_tokens=8)),
-                "mtp": lambda: MTP(Target(model), SimpleNamespace(
+                "mtp": lambda: MTP.build(model, SimpleNamespace(
                     drafter=str(fixtures.fixture_dir(base)), block_size=3, verify="batched"))}
         for kind in engines:
             eng = made[kind]()

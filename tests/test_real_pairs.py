@@ -64,7 +64,7 @@ def test_gemma3_decodes_past_its_sliding_window_the_same_with_every_draft_free_m
     ids = ids[: window + 64]  # decoding starts past the window
     want = generate_ids(base_engine(model), ids, 2 * NEW_TOKENS).tokens
     for name, block in (("ngram", 4), ("control", 4)):
-        eng = get_engine(name)(Target(model), SimpleNamespace(name=name, block_size=block, verify="batched",
+        eng = get_engine(name).build(model, SimpleNamespace(name=name, block_size=block, verify="batched",
                                                        min_ngram=1, max_ngram=3))
         got = generate_ids(eng, ids, 2 * NEW_TOKENS)
         assert got.tokens == want, name

@@ -9,6 +9,7 @@ import pytest
 from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache
 
 from engines.cache import ROLLBACK_STRATEGIES, CastKVCache, RollbackError, logical_state, trim_attention
+from engines.hidden import hidden_size, num_layers
 from engines.target import Target
 from tests.conftest import ARCHS
 
@@ -53,7 +54,7 @@ def test_rollback_restores_every_cache_to_a_fresh_run_over_the_accepted_prefix(m
         t, fresh = _scenario(model, strategy, "native", prompt, rounds)
         assert _max_diff(t, fresh) <= TOL
         # ... and the next forward agrees too
-        assert mx.abs(t.verify([5, 6]) - fresh.forward([5, 6])).max().item() <= 1e-4
+        assert mx.abs(t.verify([5, 6]).logits - fresh.forward([5, 6]).logits).max().item() <= 1e-4
 
 
 @pytest.mark.parametrize("n_keep", [1, 2, 3, 4, 5])
@@ -87,7 +88,7 @@ def test_rollback_is_exact_under_converted_kv_caches(models, arch, kv):
     assert converted and all((c.bits if kind is QuantizedKVCache else c.storage_dtype) == storage for c in converted)
     assert _max_diff(t, fresh) <= TOL
     # ... and the next forward reads the rolled-back cache as the fresh one
-    assert mx.abs(t.verify([5, 6]) - fresh.forward([5, 6])).max().item() <= 1e-4
+    assert mx.abs(t.verify([5, 6]).logits - fresh.forward([5, 6]).logits).max().item() <= 1e-4
 
 
 def test_sliding_window_rollback_many_rounds_past_the_window(models):
@@ -142,7 +143,7 @@ def test_rewind_to_a_mark_restores_the_cache_exactly(models, arch):
         t.verify(list(range(n)))
         t.rewind(mark)
     assert _max_diff(t, fresh) <= TOL
-    assert mx.abs(t.verify([5, 6]) - fresh.forward([5, 6])).max().item() <= 1e-4
+    assert mx.abs(t.verify([5, 6]).logits - fresh.forward([5, 6]).logits).max().item() <= 1e-4
 
 
 @pytest.mark.parametrize("hk, hv, masked", [(2, 2, False), (2, 4, False), (2, 4, True)])
@@ -166,3 +167,24 @@ def test_capture_steps_equal_single_token_recurrences_bit_for_bit(hk, hv, masked
                                    None if mask is None else mask[:, t:t + 1])
         assert mx.array_equal(yt, y[:, t:t + 1]).item() and mx.array_equal(s, states[t]).item(), t
     assert mx.array_equal(s, final).item()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen35"])
+def test_a_verify_returns_the_declared_layers_hidden_states_and_a_replay_commit_leaves_them_alone(models, arch):
+    # The hidden states come back with the logits of the call that fed those tokens; the replay
+    # commit that re-runs the target over the kept tokens afterwards cannot change them.
+    model, _ = models[arch]
+    layers, H, prompt = (0, num_layers(model) - 1), hidden_size(model), list(range(10, 30))
+    t, fresh = Target(model, rollback="replay", hidden_layers=layers), Target(model, hidden_layers=layers)
+    logits, hidden = t.prefill(prompt)
+    assert logits.shape == (t.vocab_size,) and hidden.shape == (1, len(prompt), 2 * H)
+    fresh.prefill(prompt)
+    logits, hidden = t.verify([5, 6, 7, 8])
+    t.commit(2)
+    want_logits, want_hidden = fresh.forward([5, 6, 7, 8])
+    assert hidden.shape == (1, 4, 2 * H) and logits.shape == (4, t.vocab_size)
+    assert mx.abs(hidden - want_hidden).max().item() <= 1e-4
+    assert mx.abs(logits - want_logits).max().item() <= 1e-4
+    assert Target(model).verify([1, 2]).hidden is None  # no layers declared, none kept
+    with pytest.raises(AttributeError):
+        t.hidden_layers = (1,)  # declared when built, not set later

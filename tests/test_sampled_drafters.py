@@ -14,7 +14,6 @@ import pytest
 import harness.loop as loop
 from engines.dflash import DFlashA, DFlashConfig, DFlashDrafter, save_drafter
 from engines.eagle3 import Eagle3, Eagle3Config, Eagle3Drafter, save_eagle3
-from engines.target import Target
 from tests.helpers import base_engine
 from tests.test_mtp import _chi2, _empirical
 
@@ -46,9 +45,9 @@ def tiny(tmp_path_factory):
                                            aux_layer_ids=(1, 2), **layer), own_head=False),
                 root / "eagle3", dtype=mx.float32)
     engines = {  # two drafts per round each
-        "dflash": lambda: DFlashA(Target(model), SimpleNamespace(block_size=3, drafter=str(root / "dflash"),
+        "dflash": lambda: DFlashA.build(model, SimpleNamespace(block_size=3, drafter=str(root / "dflash"),
                                                                  verify="batched")),
-        "eagle3": lambda: Eagle3(Target(model), SimpleNamespace(drafter=str(root / "eagle3"), verify="batched",
+        "eagle3": lambda: Eagle3.build(model, SimpleNamespace(drafter=str(root / "eagle3"), verify="batched",
                                                                 depth=2, top_k=2, total_tokens=4)),
     }
     return model, engines, _counts(base_engine(model))

@@ -67,7 +67,7 @@ def test_each_shipped_drafter_is_found_by_default_and_runs_losslessly_on_smollm2
                           method=SimpleNamespace(drafter=None))
     drafter = resolve_drafter(cfg, get_engine(KINDS[kind]).drafter_kind)
     assert Path(drafter) == shipped_drafter("smollm2", kind)  # no method.drafter needed
-    eng = get_engine(KINDS[kind])(Target(model), SimpleNamespace(name=KINDS[kind], drafter=drafter, **ENGINE_CFG[kind]))
+    eng = get_engine(KINDS[kind]).build(model, SimpleNamespace(name=KINDS[kind], drafter=drafter, **ENGINE_CFG[kind]))
     accepted = 0
     for text in ["Write a haiku about the sea.", "def fibonacci(n):"]:
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)

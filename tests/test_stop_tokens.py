@@ -10,7 +10,6 @@ import pytest
 from engines.dflash import DFlashA
 from engines.eagle3 import Eagle3
 from engines.sampling import Sampler
-from engines.target import Target
 import harness.measure as measure
 from harness.generation import run_generation
 from harness.measure import Arms, measure_cell
@@ -26,11 +25,11 @@ N = 32
 
 def _dflash(model):
     drafter = str(fixtures.drafter_dir("dflash", "llama"))
-    return DFlashA(Target(model), SimpleNamespace(block_size=None, drafter=drafter))
+    return DFlashA.build(model, SimpleNamespace(block_size=None, drafter=drafter))
 
 
 def _eagle3(model):  # greedy: a draft tree, the path the target accepts emitted as one round
-    return Eagle3(Target(model), SimpleNamespace(drafter=str(fixtures.drafter_dir("eagle3", "llama")),
+    return Eagle3.build(model, SimpleNamespace(drafter=str(fixtures.drafter_dir("eagle3", "llama")),
                                                  verify="batched", depth=3, top_k=2, total_tokens=6))
 
 

@@ -319,7 +319,7 @@ def test_zlab_reference_runs_a_trained_dflash_drafter_with_the_same_tokens_and_d
                "train.steps=150", "train.export=last", *SMALL, *more).returncode == 0
     model, tok = models["llama"]
     cfg = SimpleNamespace(block_size=None, drafter=str(out), verify="batched")
-    ours, ref = DFlashA(Target(model), cfg), DFlashZlab(Target(model), cfg)
+    ours, ref = DFlashA.build(model, cfg), DFlashZlab(Target(model), cfg)
     ref.tokenizer = tok
     accepted = 0
     for uid, ids in list(_units(tok))[:6]:

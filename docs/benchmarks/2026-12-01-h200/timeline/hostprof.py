@@ -6,7 +6,6 @@ from harness.models import scale
 from harness.models.load import load_target
 from harness.models.resolve import resolve_model
 from harness.loop import STREAM
-from engines.target import Target
 from engines.dflash import DFlashA
 from engines.sampling import Sampler, accept_deterministic
 
@@ -42,10 +41,10 @@ def rounds(eng, n=60, profile=None):
 cfg = SimpleNamespace(block_size=8, drafter=drafter, verify="batched")
 for label, kw in [("default", {}), ("no_small_m", {"small_m_gemm": False}), ("no_stable", {"stable_attention": False}),
                   ("neither", {"small_m_gemm": False, "stable_attention": False})]:
-    eng = DFlashA(Target(model, **kw), cfg)
+    eng = DFlashA.build(model, cfg, **kw)
     rounds(eng, 20)
     print(label, rounds(eng), flush=True)
-eng = DFlashA(Target(model), cfg)
+eng = DFlashA.build(model, cfg)
 pr = cProfile.Profile()
 rounds(eng, 60, pr)
 s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25); print(s.getvalue()[:6000])

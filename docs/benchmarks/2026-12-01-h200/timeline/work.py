@@ -22,7 +22,7 @@ model, tok = load_target(path, "native")
 drafter = str(scale.dflash_dir(path))
 prompt = [(i * 37) % 1000 + 5 for i in range(120)]
 cfg = SimpleNamespace(block_size=8, drafter=drafter, verify="batched")
-arms = {"dflash_a": DFlashA(Target(model), cfg), "zlab": DFlashZlab(Target(model), cfg),
+arms = {"dflash_a": DFlashA.build(model, cfg), "zlab": DFlashZlab(Target(model), cfg),
         "base": Autoregressive(Target(model), None), "mlx_lm": MlxLm(Target(model), None)}
 arms["zlab"].tokenizer = tok; arms["mlx_lm"].tokenizer = tok
 s = Sampler(0.0, 0)
