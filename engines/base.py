@@ -175,7 +175,7 @@ class Engine:
         """One batched target forward, or one per token when the method asks for
         verify=sequential (single-token decode numerics, T forwards); logits [T, V] and
         hidden [1, T, n * H] (None where the Target keeps no layers)."""
-        if getattr(self.cfg, "verify", "batched") == "sequential":
+        if self.cfg.verify == "sequential":
             return self.target.verify_sequential(tokens)
         return self.target.verify(tokens)
 
@@ -201,7 +201,7 @@ class Engine:
     def describe(self) -> dict:
         out = {"rollback": self.target.strategy if self.target.layout.recurrent else "trim",
                "cache_types": sorted(set(self.target.layout.types)),
-               "verify": getattr(self.cfg, "verify", "batched"),
+               "verify": self.cfg.verify,
                "dispatch": {"stage_every": self.target.stage_every, "stable_attention": self.target.stable_attention,
                             "small_m_gemm": self.target.small_m_gemm}}
         if self.target.layout.recurrent:

@@ -74,9 +74,9 @@ def sampled(bench: dict) -> bool:
     return (bench.get("temperature") or 0) > 0
 
 
-# Bench keys that mean something only in some cells (the harness writes context_source only
+# Bench keys that mean something only in some cells (the harness writes context_source and context_reuse only
 # with a context): compared, and named, only where they apply.
-APPLIES = {"context_source": lambda b: (b.get("context") or 0) > 0}
+APPLIES = {"context_source": lambda b: (b.get("context") or 0) > 0, "context_reuse": lambda b: (b.get("context") or 0) > 0}
 
 
 def _applies(key: str, bench: dict) -> bool:

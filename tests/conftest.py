@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from types import SimpleNamespace
 
 import pytest
 
@@ -55,8 +54,15 @@ def models():
     return out
 
 
+def engine_cfg(**fields):
+    """A method config as engines get it (harness/config.MethodConfig), with `fields` set."""
+    from harness.config import MethodConfig
+
+    return MethodConfig(**fields)
+
+
 def method_cfg(block_size: int = 4, min_ngram: int = 1, max_ngram: int = 3):
-    return SimpleNamespace(name="ngram", block_size=block_size, min_ngram=min_ngram, max_ngram=max_ngram)
+    return engine_cfg(name="ngram", block_size=block_size, min_ngram=min_ngram, max_ngram=max_ngram)
 
 
 def builtin_prompts():

@@ -23,6 +23,7 @@ from harness.models.fixtures import cast_model
 from harness.models.load import load_target
 from tests.helpers import base_engine, generate_ids
 from tests.test_layouts import _dflash_layer_shapes, _eagle_layer_shapes, _random, _write
+from tests.conftest import engine_cfg
 
 H, V, HEADS, KV, HD, I = 128, 1024, 4, 2, 32, 256  # the llama fixture's widths
 DRAFT_V = 512
@@ -158,8 +159,7 @@ def zlab_dflash_config() -> dict:
 
 
 def _eagle_cfg(path):
-    from types import SimpleNamespace
-    return SimpleNamespace(drafter=str(path), verify="batched", depth=3, top_k=3, total_tokens=8)
+        return engine_cfg(drafter=str(path), verify="batched", depth=3, top_k=3, total_tokens=8)
 
 
 def test_redhat_speculators_v02_eagle3_as_published_loads_and_stays_lossless(target8, tmp_path):
@@ -186,12 +186,11 @@ def test_other_published_eagle3_layouts_with_every_field_load_and_stay_lossless(
 
 
 def test_zlab_dflash_with_every_field_loads_and_stays_lossless(target8, tmp_path):
-    from types import SimpleNamespace
-
+    
     shapes = {"fc.weight": (H, 4 * H), "hidden_norm.weight": (H,), "norm.weight": (H,), **_dflash_layer_shapes(0),
               **_dflash_layer_shapes(1)}
     path = _write(tmp_path / "zlab", zlab_dflash_config(), _random(shapes, 24))
-    eng = DFlashA.build(target8, SimpleNamespace(block_size=None, drafter=str(path), verify="batched"))
+    eng = DFlashA.build(target8, engine_cfg(block_size=None, drafter=str(path), verify="batched"))
     assert eng.block == 16
     _lossless(eng, target8)
 

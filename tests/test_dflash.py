@@ -2,7 +2,6 @@
 
 import json
 import shutil
-from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
@@ -11,13 +10,13 @@ from engines.dflash import DFlashA, DFlashC, DFlashConfig, DFlashDrafter, load_d
 from engines.errors import DrafterError
 from engines.target import Target
 from harness.models import fixtures
-from tests.conftest import ARCHS
+from tests.conftest import ARCHS, engine_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units
 
 
 def dflash_cfg(arch, block_size=None):
-    return SimpleNamespace(block_size=block_size, drafter=str(fixtures.drafter_dir("dflash", arch)))
+    return engine_cfg(block_size=block_size, drafter=str(fixtures.drafter_dir("dflash", arch)))
 
 
 @pytest.mark.parametrize("arch", ARCHS)

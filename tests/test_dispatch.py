@@ -1,7 +1,6 @@
 """Staged dispatch and shape-stable attention (engines/dispatch.py), forced on on the CPU:
 they change how work reaches the device, never what is computed."""
 
-from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
@@ -14,7 +13,7 @@ from engines.hidden import decoder
 from engines.ngram import Ngram
 from engines.target import Target
 from harness.models import fixtures
-from tests.conftest import method_cfg
+from tests.conftest import engine_cfg, method_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units
 
@@ -22,7 +21,7 @@ FORCED = {"stage_every": 1, "stable_attention": True}
 
 
 def _dflash(model, arch, **kw):
-    return DFlashA.build(model, SimpleNamespace(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch))), **kw)
+    return DFlashA.build(model, engine_cfg(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch))), **kw)
 
 
 @pytest.mark.parametrize("device, cuda_build, on", [

@@ -17,7 +17,7 @@ from engines.errors import DrafterError, Unsupported
 from engines.external import MlxLmSpec
 from engines.target import Target
 from harness.models.fixtures import fixture_dir
-from tests.conftest import ARCHS
+from tests.conftest import ARCHS, engine_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_cli import harness
 from tests.test_lossless import _units
@@ -29,7 +29,7 @@ DRAFT_FOR = {"llama": "qwen35"}  # a recurrent draft model for llama; llama (ful
 
 
 def cfg(drafter, block_size=4):
-    return SimpleNamespace(name="draft_model", block_size=block_size, drafter=str(drafter), verify="batched")
+    return engine_cfg(name="draft_model", block_size=block_size, drafter=str(drafter), verify="batched")
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -3,7 +3,6 @@
 import json
 import random
 import shutil
-from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
@@ -14,7 +13,7 @@ from engines.errors import DrafterError
 from engines.target import Target
 from engines.tree import _tree_mask_fn, accept_tree_greedy, depths_and_ancestors
 from harness.models import fixtures
-from tests.conftest import ARCHS
+from tests.conftest import ARCHS, engine_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units
 from tests.test_rollback import TOL, _max_diff
@@ -30,7 +29,7 @@ PARENTS = [-1, -1, 0, 0, 1, 3]
 
 
 def eagle_cfg(arch, depth=4, top_k=4, total_tokens=16):
-    return SimpleNamespace(drafter=str(fixtures.drafter_dir("eagle3", arch)), verify="batched", depth=depth,
+    return engine_cfg(drafter=str(fixtures.drafter_dir("eagle3", arch)), verify="batched", depth=depth,
                            top_k=top_k, total_tokens=total_tokens)
 
 

@@ -4,7 +4,6 @@ and loaded through mlx_lm.load, run base, n-gram and DFlash Option A losslessly 
 import importlib
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx_lm
@@ -18,7 +17,7 @@ from engines.ngram import Ngram
 from engines.target import Target
 from harness.models import fixtures
 from harness.models.fixtures import cast_model
-from tests.conftest import method_cfg
+from tests.conftest import engine_cfg, method_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_cli import REPO, records
 
@@ -100,7 +99,7 @@ def test_every_family_runs_base_ngram_and_dflash_losslessly(family_dirs, tmp_pat
     assert isinstance(decoder(model).layers, list)
     drafter = _random_dflash(model, tmp_path / "dflash")
     engines = [Ngram(Target(model), method_cfg(block_size=3)),
-               DFlashA.build(model, SimpleNamespace(block_size=None, drafter=str(drafter), verify="batched"))]
+               DFlashA.build(model, engine_cfg(block_size=None, drafter=str(drafter), verify="batched"))]
     prompt = tok.encode("one two three, one two three, one two")
     want = generate_ids(base_engine(model), prompt, 20).tokens
     for eng in engines:
@@ -117,7 +116,7 @@ def test_gemma4_original_checkpoint_runs_eagle3_and_refuses_q8_kv_in_a_record(fa
                      layer_types=("full_attention",), aux_layer_ids=(1, 2, 3))
     mx.random.seed(4)
     save_eagle3(Eagle3Drafter(c), tmp_path / "eagle3", dtype=mx.float32)
-    eng = Eagle3.build(model, SimpleNamespace(drafter=str(tmp_path / "eagle3"), verify="batched", depth=3, top_k=2,
+    eng = Eagle3.build(model, engine_cfg(drafter=str(tmp_path / "eagle3"), verify="batched", depth=3, top_k=2,
                                                 total_tokens=6))
     prompt = tok.encode("one two three, one two three, one two")
     assert generate_ids(eng, prompt, 20).tokens == generate_ids(base_engine(model), prompt, 20).tokens

@@ -11,6 +11,7 @@ from engines.target import Target
 from harness.config import validate
 from harness.errors import ConfigError
 from tests.test_config import cfg
+from tests.conftest import engine_cfg
 
 CUDA = gemm.available()
 
@@ -155,8 +156,7 @@ def test_linears_that_read_one_input_in_turn_are_learned_then_launched_as_one(mo
 
 
 def _engines(model, arch):
-    from types import SimpleNamespace
-
+    
     from engines.dflash import DFlashA
     from engines.eagle3 import Eagle3
     from engines.mtp import MTP
@@ -164,7 +164,7 @@ def _engines(model, arch):
     from tests.test_eagle3 import eagle_cfg
     from tests.test_mtp import mtp_cfg
 
-    dflash = SimpleNamespace(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch)), verify="batched")
+    dflash = engine_cfg(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch)), verify="batched")
     yield "dflash_a", lambda **kw: DFlashA.build(model, dflash, **kw)
     if arch == "llama":
         yield "eagle3", lambda **kw: Eagle3.build(model, eagle_cfg(arch), **kw)

@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx_lm
@@ -28,7 +27,7 @@ from engines.target import Target  # noqa: E402
 from harness.errors import ConfigError  # noqa: E402
 from harness.models import fixtures, gguf_import, packaged, resolve  # noqa: E402
 from harness.models.fixtures import cast_model  # noqa: E402
-from tests.conftest import method_cfg  # noqa: E402
+from tests.conftest import engine_cfg, method_cfg  # noqa: E402
 from tests.helpers import base_engine, generate_ids  # noqa: E402
 from tests.test_cli import REPO, records  # noqa: E402
 from tests.test_families import _random_dflash  # noqa: E402
@@ -223,7 +222,7 @@ def test_gguf_target_runs_base_ngram_and_dflash_losslessly_against_safetensors(w
     want = generate_ids(base_engine(ref), prompt, 20).tokens
     drafter = _random_dflash(model, tmp_path / "dflash")
     engines = [base_engine(model), Ngram(Target(model), method_cfg(block_size=3)),
-               DFlashA.build(model, SimpleNamespace(block_size=None, drafter=str(drafter), verify="batched"))]
+               DFlashA.build(model, engine_cfg(block_size=None, drafter=str(drafter), verify="batched"))]
     for eng in engines:
         assert generate_ids(eng, prompt, 20).tokens == want, f"{arch} {eng.name}"
 

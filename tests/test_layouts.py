@@ -7,7 +7,6 @@ import json
 import os
 import pickle
 import zipfile
-from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
@@ -22,6 +21,7 @@ from engines.torch_bin import read_torch_bin
 from harness.models import fixtures
 from tests.helpers import base_engine, generate_ids
 from tests.test_lossless import _units
+from tests.conftest import engine_cfg
 
 H, V, HEADS, KV, HD, I, LAYERS = 128, 1024, 4, 2, 32, 256, 4  # the llama fixture target
 
@@ -79,7 +79,7 @@ def _dflash_new_schema(tmp_path, **extra):
 def test_zlab_nested_schema_loads_and_drafts_losslessly_with_causal_sliding_layers(models, tmp_path):
     model, tok = models["llama"]
     path = _dflash_new_schema(tmp_path)
-    eng = DFlashA.build(model, SimpleNamespace(block_size=None, drafter=str(path), verify="batched"))
+    eng = DFlashA.build(model, engine_cfg(block_size=None, drafter=str(path), verify="batched"))
     c = eng.drafter.config
     assert (c.block_size, c.rope_theta, c.sliding_window) == (6, 1000000.0, 16) and eng.block == 6
     d = eng.describe()
@@ -208,7 +208,7 @@ def _speculators_new(tmp_path, aux=(1, 2, 3, 4)):
 
 
 def _eagle_cfg(path, depth=3):
-    return SimpleNamespace(drafter=str(path), verify="batched", depth=depth, top_k=3, total_tokens=8)
+    return engine_cfg(drafter=str(path), verify="batched", depth=depth, top_k=3, total_tokens=8)
 
 
 def test_speculators_eagle3_draft_model_loads_whole_and_stays_lossless(models, tmp_path):

@@ -1,7 +1,6 @@
 """MTP: losslessness for K = 1..3 on the hybrid, speculative sampling's distribution, loading."""
 
 import importlib
-from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
@@ -16,10 +15,11 @@ from harness.generation import run_generation
 from harness.models import fixtures
 from tests.helpers import base_engine, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units
+from tests.conftest import engine_cfg
 
 
 def mtp_cfg(drafter, k=1, verify="batched"):
-    return SimpleNamespace(block_size=k + 1, drafter=str(drafter), verify=verify)
+    return engine_cfg(block_size=k + 1, drafter=str(drafter), verify=verify)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])

@@ -1,7 +1,6 @@
 """Quantized targets (mlx-lm's 4-bit and 8-bit conversions): sizes and dtype come from the
 model, never from packed weights; every drafter loads onto them unchanged and stays lossless."""
 
-from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx_lm
@@ -17,6 +16,7 @@ from harness.models.fixtures import cast_model
 from tests.helpers import base_engine, generate_ids
 from tests.test_cli import QUICK, harness, records
 from tests.test_lossless import _units
+from tests.conftest import engine_cfg
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +61,12 @@ def test_every_drafting_engine_is_lossless_on_a_4bit_target(quantized):
     for name, engines in (("llama-q4", ("dflash", "eagle3")), ("qwen35-q4", ("dflash", "eagle3", "mtp"))):
         model, tok = quantized[name]
         base = fixtures.original(name)[0]
-        made = {"dflash": lambda: DFlashA.build(model, SimpleNamespace(
+        made = {"dflash": lambda: DFlashA.build(model, engine_cfg(
                     block_size=None, drafter=str(fixtures.drafter_dir("dflash", name)), verify="batched")),
-                "eagle3": lambda: Eagle3.build(model, SimpleNamespace(
+                "eagle3": lambda: Eagle3.build(model, engine_cfg(
                     drafter=str(fixtures.drafter_dir("eagle3", name)), verify="batched", depth=3, top_k=3,
                     total_tokens=8)),
-                "mtp": lambda: MTP.build(model, SimpleNamespace(
+                "mtp": lambda: MTP.build(model, engine_cfg(
                     drafter=str(fixtures.fixture_dir(base)), block_size=3, verify="batched"))}
         for kind in engines:
             eng = made[kind]()

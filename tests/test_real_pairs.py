@@ -4,7 +4,6 @@ in float32 gives base greedy output, the pair's tokenizers are one map, and Gemm
 base, n-gram and control decoding agree past its sliding window. Under the suite's reference
 BLAS they take minutes (Gemma's 262,144-token head over a 576-token prompt alone about 85 s)."""
 
-from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +15,7 @@ from harness.models.load import check_shared_tokenizer, load_target
 from harness.models.resolve import resolve_model
 from harness.prompts import load_suite
 from tests.helpers import base_engine, generate_ids
+from tests.conftest import engine_cfg
 
 NEW_TOKENS = 16
 
@@ -43,7 +43,7 @@ def test_the_0_5b_drafting_the_1_5b_gives_base_greedy_output_in_float32():
     model, tok = _load("qwen2.5-coder-1.5b")
     _load("qwen2.5-coder-0.5b")
     drafter = str(resolve_model("qwen2.5-coder-0.5b", "float32"))
-    eng = DraftModel(Target(model), SimpleNamespace(name="draft_model", block_size=4, drafter=drafter,
+    eng = DraftModel(Target(model), engine_cfg(name="draft_model", block_size=4, drafter=drafter,
                                                     verify="batched"))
     accepted = []
     for text in ("def fibonacci(n):", "import numpy as np\n\ndef softmax(x):"):
@@ -64,7 +64,7 @@ def test_gemma3_decodes_past_its_sliding_window_the_same_with_every_draft_free_m
     ids = ids[: window + 64]  # decoding starts past the window
     want = generate_ids(base_engine(model), ids, 2 * NEW_TOKENS).tokens
     for name, block in (("ngram", 4), ("control", 4)):
-        eng = get_engine(name).build(model, SimpleNamespace(name=name, block_size=block, verify="batched",
+        eng = get_engine(name).build(model, engine_cfg(name=name, block_size=block, verify="batched",
                                                        min_ngram=1, max_ngram=3))
         got = generate_ids(eng, ids, 2 * NEW_TOKENS)
         assert got.tokens == want, name

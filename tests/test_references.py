@@ -2,7 +2,6 @@
 
 import builtins
 import json
-from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
@@ -16,7 +15,7 @@ from engines.target import Target
 from harness.generation import Generation, timings
 from harness.models import fixtures
 from report.frames import cells
-from tests.conftest import ARCHS
+from tests.conftest import ARCHS, engine_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_cli import QUICK, harness, records
 from tests.test_lossless import NEW_TOKENS, _units
@@ -29,7 +28,7 @@ def _mlx_lm(model, tok, **kw):
 
 
 def _zlab(model, tok, arch):
-    cfg = SimpleNamespace(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch)))
+    cfg = engine_cfg(block_size=None, drafter=str(fixtures.drafter_dir("dflash", arch)))
     eng = DFlashZlab(Target(model), cfg)
     eng.tokenizer = tok
     return eng

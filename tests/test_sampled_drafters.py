@@ -6,7 +6,6 @@ ones in each method's checkpoint layout: a drafter's q only has to differ from t
 for a wrong rule to show (a trained drafter is MTP's test, tests/test_mtp.py)."""
 
 import importlib
-from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
@@ -16,6 +15,7 @@ from engines.dflash import DFlashA, DFlashConfig, DFlashDrafter, save_drafter
 from engines.eagle3 import Eagle3, Eagle3Config, Eagle3Drafter, save_eagle3
 from tests.helpers import base_engine
 from tests.test_mtp import _chi2, _empirical
+from tests.conftest import engine_cfg
 
 V, H = 8, 32
 GENERATIONS, LENGTH = 300, 3  # seeded generations per engine; output positions 1..2 are compared
@@ -45,9 +45,9 @@ def tiny(tmp_path_factory):
                                            aux_layer_ids=(1, 2), **layer), own_head=False),
                 root / "eagle3", dtype=mx.float32)
     engines = {  # two drafts per round each
-        "dflash": lambda: DFlashA.build(model, SimpleNamespace(block_size=3, drafter=str(root / "dflash"),
+        "dflash": lambda: DFlashA.build(model, engine_cfg(block_size=3, drafter=str(root / "dflash"),
                                                                  verify="batched")),
-        "eagle3": lambda: Eagle3.build(model, SimpleNamespace(drafter=str(root / "eagle3"), verify="batched",
+        "eagle3": lambda: Eagle3.build(model, engine_cfg(drafter=str(root / "eagle3"), verify="batched",
                                                                 depth=2, top_k=2, total_tokens=4)),
     }
     return model, engines, _counts(base_engine(model))

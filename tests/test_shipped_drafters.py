@@ -13,6 +13,7 @@ import pytest
 
 from engines.errors import DrafterError
 from harness.models.resolve import shipped_drafter
+from tests.conftest import engine_cfg
 KINDS = {"eagle3": "eagle3", "dflash": "dflash_a", "mtp": "mtp", "draft_model": "draft_model"}
 
 
@@ -67,7 +68,7 @@ def test_each_shipped_drafter_is_found_by_default_and_runs_losslessly_on_smollm2
                           method=SimpleNamespace(drafter=None))
     drafter = resolve_drafter(cfg, get_engine(KINDS[kind]).drafter_kind)
     assert Path(drafter) == shipped_drafter("smollm2", kind)  # no method.drafter needed
-    eng = get_engine(KINDS[kind]).build(model, SimpleNamespace(name=KINDS[kind], drafter=drafter, **ENGINE_CFG[kind]))
+    eng = get_engine(KINDS[kind]).build(model, engine_cfg(name=KINDS[kind], drafter=drafter, **ENGINE_CFG[kind]))
     accepted = 0
     for text in ["Write a haiku about the sea.", "def fibonacci(n):"]:
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)

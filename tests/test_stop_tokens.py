@@ -3,7 +3,6 @@ engine emits it one step at a time or a drafting round emits it mid-round; with
 bench.stop_at_eos the record's outputs end there too, and without it they run to the budget."""
 
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 
@@ -15,7 +14,7 @@ from harness.generation import run_generation
 from harness.measure import Arms, measure_cell
 from harness.models import fixtures
 from harness.prompts import encode_turn
-from tests.conftest import builtin_prompts
+from tests.conftest import builtin_prompts, engine_cfg
 from tests.helpers import base_engine
 from tests.test_divergence import BENCH
 from tests.test_lossless import _units
@@ -25,11 +24,11 @@ N = 32
 
 def _dflash(model):
     drafter = str(fixtures.drafter_dir("dflash", "llama"))
-    return DFlashA.build(model, SimpleNamespace(block_size=None, drafter=drafter))
+    return DFlashA.build(model, engine_cfg(block_size=None, drafter=drafter))
 
 
 def _eagle3(model):  # greedy: a draft tree, the path the target accepts emitted as one round
-    return Eagle3.build(model, SimpleNamespace(drafter=str(fixtures.drafter_dir("eagle3", "llama")),
+    return Eagle3.build(model, engine_cfg(drafter=str(fixtures.drafter_dir("eagle3", "llama")),
                                                  verify="batched", depth=3, top_k=2, total_tokens=6))
 
 

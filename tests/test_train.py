@@ -16,6 +16,7 @@ import mlx.core as mx
 import pytest
 
 from harness.errors import ConfigError
+from tests.conftest import engine_cfg
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["data.n_prompts=10", "data.batch=5", "data.max_new_tokens=24", "data.eval_rows=2", "train.batch=4",
@@ -318,7 +319,7 @@ def test_zlab_reference_runs_a_trained_dflash_drafter_with_the_same_tokens_and_d
     assert run("train", "train=dflash", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'zlab'}",
                "train.steps=150", "train.export=last", *SMALL, *more).returncode == 0
     model, tok = models["llama"]
-    cfg = SimpleNamespace(block_size=None, drafter=str(out), verify="batched")
+    cfg = engine_cfg(block_size=None, drafter=str(out), verify="batched")
     ours, ref = DFlashA.build(model, cfg), DFlashZlab(Target(model), cfg)
     ref.tokenizer = tok
     accepted = 0
