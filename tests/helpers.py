@@ -9,6 +9,7 @@ from engines.base import Draft, Engine
 from engines.sampling import Sampler
 from engines.target import Target
 from harness.generation import run_generation
+from tests.conftest import engine_cfg
 
 
 class Oracle(Engine):
@@ -19,7 +20,7 @@ class Oracle(Engine):
     """
 
     def __init__(self, target, k: int, continuation: list[int], prompt_len: int, corrupt: bool = False, seed=0):
-        super().__init__(target, None)
+        super().__init__(target, engine_cfg())
         self.k, self.continuation, self.prompt_len, self.corrupt = k, continuation, prompt_len, corrupt
         self.rng = random.Random(seed)
 
@@ -38,4 +39,4 @@ def generate_ids(engine: Engine, ids: list[int], n: int, temperature: float = 0.
 
 
 def base_engine(model, **target_kw) -> Autoregressive:
-    return Autoregressive(Target(model, **target_kw), None)
+    return Autoregressive(Target(model, **target_kw), engine_cfg(name="base"))

@@ -15,7 +15,7 @@ from engines.target import Target
 from harness import measure
 from harness.config import BenchConfig
 from harness.measure import Arms, measure_cell
-from tests.conftest import builtin_prompts
+from tests.conftest import builtin_prompts, engine_cfg
 
 BENCH = BenchConfig(temperature=0.0, seed=0, stop_at_eos=False, truncate_prompts=False, max_new_tokens=6, warmup=0,
                         warmup_scope="first", reps=4, cooldown_s=0.0, profile=False, chat_template=True)
@@ -35,7 +35,7 @@ def _cell(models, monkeypatch):
         return gen
 
     monkeypatch.setattr(measure, "run_generation", planted)
-    arms = Arms(Autoregressive(Target(model), None), Autoregressive(Target(model), None), 1)
+    arms = Arms(Autoregressive(Target(model), engine_cfg(name="base")), Autoregressive(Target(model), engine_cfg(name="base")), 1)
     out = measure_cell(arms, tok, builtin_prompts()[:3], BENCH)
     return out, runs, arms
 

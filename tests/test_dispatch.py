@@ -56,7 +56,7 @@ def test_forced_on_every_method_keeps_base_output_and_the_same_rounds(models, ar
     sdpa = {m.__name__: m.scaled_dot_product_attention for m in attention_modules(model)}
     for _, ids in list(_units(tok))[::6]:
         want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
-        assert generate_ids(Autoregressive(Target(model, **FORCED), None), ids, NEW_TOKENS).tokens == want
+        assert generate_ids(Autoregressive(Target(model, **FORCED), engine_cfg(name="base")), ids, NEW_TOKENS).tokens == want
         plain, forced = generate_ids(_dflash(model, arch), ids, NEW_TOKENS), generate_ids(_dflash(model, arch, **FORCED),
                                                                                           ids, NEW_TOKENS)
         assert forced.tokens == want == plain.tokens

@@ -13,7 +13,7 @@ from harness.measure import Arms, measure_cell
 from harness.prompts import encode_turn
 from report.frames import prompts as prompt_frame
 from report.tables import divergence_table
-from tests.conftest import builtin_prompts, method_cfg
+from tests.conftest import builtin_prompts, engine_cfg, method_cfg
 
 
 class KeepsOneRejected(Ngram):
@@ -30,7 +30,7 @@ BENCH = BenchConfig(temperature=0.0, seed=0, stop_at_eos=False, truncate_prompts
 def test_a_planted_rollback_bug_is_reported_with_the_base_margin_and_rank_where_it_diverges(models):
     model, tok = models["llama"]
     suite = [p for p in builtin_prompts() if p.category == "retrieval"]  # copy-heavy: n-gram drafts often
-    arms = Arms(KeepsOneRejected(Target(model), method_cfg(block_size=4)), Autoregressive(Target(model), None), 4)
+    arms = Arms(KeepsOneRejected(Target(model), method_cfg(block_size=4)), Autoregressive(Target(model), engine_cfg(name="base")), 4)
     out = measure_cell(arms, tok, suite, BENCH)
     diverged = [i for i in out["prompts"] if i["first_divergence"] is not None]
     assert out["summary"]["diverged_prompts"] == len(diverged) >= 2

@@ -75,7 +75,7 @@ def test_mlx_lm_arm_quantizes_its_kv_cache_like_the_cell_and_refuses_cast_storag
     ids = list(range(10, 60))
     native = generate_ids(_mlx_lm(model, tok), ids, 24)
     q8 = generate_ids(_mlx_lm(model, tok, kv="q8"), ids, 24)
-    ours = generate_ids(Autoregressive(Target(model, kv="q8"), None), ids, 24)
+    ours = generate_ids(Autoregressive(Target(model, kv="q8"), engine_cfg(name="base")), ids, 24)
     assert q8.cache_bytes < native.cache_bytes  # 8-bit K/V take less room than float32 ones
     assert q8.tokens == ours.tokens  # the same quantized cache, the same greedy output
     with pytest.raises(Unsupported, match="float16"):
