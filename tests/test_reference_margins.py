@@ -13,14 +13,14 @@ from harness.divergence import divergence_margin
 from harness.generation import Generation
 from harness.measure import Arms, measure_cell
 from harness.prompts import encode_turn
-from tests.conftest import builtin_prompts, method_cfg
+from tests.conftest import builtin_prompts, engine_cfg, method_cfg
 from tests.test_divergence import BENCH, KeepsOneRejected
 
 
 def _cell(models):
     model, tok = models["llama"]
     suite = [p for p in builtin_prompts() if p.category == "retrieval"]
-    ref = MlxLm(Target(model), None)
+    ref = MlxLm(Target(model), engine_cfg(name="mlx_lm"))
     ref.tokenizer = tok
     arms = Arms(KeepsOneRejected(Target(model), method_cfg(block_size=4)), ref, 4, reference_is_base=False)
     return measure_cell(arms, tok, suite, BENCH), suite, model, tok
@@ -51,7 +51,7 @@ def test_margins_come_from_mlx_lm_log_probabilities(models, monkeypatch):
 
 def test_an_external_reference_without_scores_says_unavailable(models):
     model, tok = models["llama"]
-    ref = MlxLm(Target(model), None)
+    ref = MlxLm(Target(model), engine_cfg(name="mlx_lm"))
     gen = Generation([1, 2, 3], 0.0, 0.0)  # a reference run that kept no scores
     d = divergence_margin(ref, gen, [5, 6], [1, 2, 4], 2)
     assert d["margin_source"].startswith("unavailable") and "reference_margin" not in d

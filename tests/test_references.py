@@ -22,7 +22,7 @@ from tests.test_lossless import NEW_TOKENS, _units
 
 
 def _mlx_lm(model, tok, **kw):
-    eng = MlxLm(Target(model, **kw), None)
+    eng = MlxLm(Target(model, **kw), engine_cfg(name="mlx_lm"))
     eng.tokenizer = tok
     return eng
 
