@@ -35,10 +35,14 @@ class PrefixCache:
         self.fed = 0  # times the prefix was fed (once per configuration)
         self.restored = 0  # times a snapshot was restored
 
-    def covers(self, ids: list[int]) -> bool:
-        """Whether `ids` start with the prefix and go on past it (the rest is what gets fed)."""
+    def covers(self, ids) -> bool:
+        """Whether `ids` (a list or a [T] array) start with the prefix and go on past it (the rest
+        is what gets fed); only the first len(prefix) ids are read."""
         n = len(self.prefix)
-        return len(ids) > n and list(ids[:n]) == self.prefix
+        if len(ids) <= n:
+            return False
+        head = ids[:n]
+        return (head.tolist() if isinstance(head, mx.array) else list(head)) == self.prefix
 
     def start(self, target) -> mx.array | None:
         """Leave `target` (freshly reset) holding the prefix: restored, or fed and kept the first

@@ -124,7 +124,7 @@ class Target:
         ids = as_ids(prompt)
         assert ids.shape[0] >= 1, "prefill needs at least one prompt token"
         self.reset()
-        if not (reuse and self.prefix is not None and self.prefix.covers(ids.tolist())):
+        if not (reuse and self.prefix is not None and self.prefix.covers(ids)):
             logits, hidden = self.forward_chunked(ids)
             return Forward(logits[-1], hidden)
         head = self.prefix.start(self)
