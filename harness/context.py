@@ -46,27 +46,27 @@ def build(tokenizer, tokens: int, source: str, chat_template: bool) -> Context |
     if tokens <= 0:
         return None
     label, convs = _open(source)
+    count = counter(tokenizer, chat_template)
     messages: list[dict] = []
     used = 0
     for pairs in convs:
         used += 1
         for user, assistant in pairs:
             trial = messages + [_msg("user", user), _msg("assistant", assistant)]
-            if count(tokenizer, trial, chat_template) < tokens:
+            if count(trial) < tokens:
                 messages = trial
                 continue
-            messages += _cut_pair(tokenizer, messages, user, assistant, tokens, chat_template)
+            messages += _cut_pair(tokenizer, count, messages, user, assistant, tokens)
             return Context(tuple(messages), tokens, label, used)
     raise ConfigError(f"bench.context={tokens}: bench.context_source={source} holds only "
-                      f"{count(tokenizer, messages, chat_template)} tokens of conversation; lower bench.context "
+                      f"{count(messages)} tokens of conversation; lower bench.context "
                       "or pass a longer file")
 
 
-def count(tokenizer, messages: list[dict], chat_template: bool) -> int:
-    """Tokens that `messages` add before a prompt's own turns."""
-    bare = encode_turn(tokenizer, PROBE, 0, [], chat_template)
-    full = encode_turn(tokenizer, PROBE, 0, [], chat_template, tuple(messages))
-    return len(full) - len(bare)
+def counter(tokenizer, chat_template: bool):
+    """messages -> the tokens they add before a prompt's own turns (the bare probe is encoded once)."""
+    bare = len(encode_turn(tokenizer, PROBE, 0, [], chat_template))
+    return lambda messages: len(encode_turn(tokenizer, PROBE, 0, [], chat_template, tuple(messages))) - bare
 
 
 def span(full: list[int], bare: list[int]) -> tuple[int, int]:
@@ -99,8 +99,7 @@ def _msg(role: str, text: str) -> dict:
     return {"role": role, "content": text}
 
 
-def _cut_pair(tokenizer, messages: list[dict], user: str, assistant: str, tokens: int,
-              chat_template: bool) -> list[dict]:
+def _cut_pair(tokenizer, count, messages: list[dict], user: str, assistant: str, tokens: int) -> list[dict]:
     # The last pair, cut to the most of its tokens (user's first) that keeps the total <= tokens.
     u, a = tokenizer.encode(user, add_special_tokens=False), tokenizer.encode(assistant, add_special_tokens=False)
 
@@ -110,7 +109,7 @@ def _cut_pair(tokenizer, messages: list[dict], user: str, assistant: str, tokens
     lo, hi = 0, len(u) + len(a)  # invariant: pair(lo) fits (or lo == 0)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if count(tokenizer, messages + pair(mid), chat_template) <= tokens:
+        if count(messages + pair(mid)) <= tokens:
             lo = mid
         else:
             hi = mid - 1
