@@ -48,7 +48,7 @@ def _turns(suite: str) -> list[str]:
 def test_no_benchmark_prompt_appears_in_the_fixture_training_text(suite):
     leaked = leaked_turns(fixtures.corpus_text(), _turns(suite))
     assert not leaked, (f"{len(leaked)} {suite} prompt turns appear in the fixture corpus (harness/data/corpus.txt), "
-                        f"e.g. {leaked[0][:80]!r}: remove them there and retrain (python -m harness.train_fixtures)")
+                        f"e.g. {leaked[0][:80]!r}: remove them there and retrain (python -m train.fixtures)")
 
 
 def test_the_leak_check_catches_a_pasted_prompt_however_it_is_formatted():
@@ -70,7 +70,7 @@ def test_the_shipped_tokenizer_is_the_one_trained_on_the_held_out_corpus(tmp_pat
     fixtures.train_tokenizer_json(tmp_path / "tokenizer.json")
     assert (tmp_path / "tokenizer.json").read_bytes() == (fixtures.SHIPPED_DIR / "tokenizer.json").read_bytes(), \
         "harness/data/fixtures/tokenizer.json was not trained on corpus_text(): delete it and " \
-        "run `python -m harness.train_fixtures` (it retrains the tokenizer and every fixture)"
+        "run `python -m train.fixtures` (it retrains the tokenizer and every fixture)"
 
 
 def test_a_scale_preset_built_with_an_older_fixture_tokenizer_is_rebuilt(tmp_path, monkeypatch):

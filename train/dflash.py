@@ -46,38 +46,46 @@ def pick_mask_token(tokenizer, vocab: int) -> int:
 class DFlashObjective(Objective):
     kind = "dflash"
 
-    def __init__(self, target, tokenizer, cfg, rows, prompt_lens):
+    def __init__(self, target, tokenizer, cfg, rows, prompt_lens, shape: DFlashConfig | None = None):
+        """`shape`: the drafter's config as given (a published or fixture config); null = derived
+        from the target and cfg (train.num_layers, block_size, target_layer_ids, ...)."""
         super().__init__(target, tokenizer, cfg)
-        self.positions = cfg.block_size - 1
-        self.layer_ids = self.checked_layer_ids(cfg.target_layer_ids or spread_layer_ids(self.n_layers,
-                                                cfg.num_target_features), "train.target_layer_ids")
+        c = shape or self._derived_shape(tokenizer, cfg)
+        self.layer_ids = self.checked_layer_ids(c.target_layer_ids, "train.target_layer_ids")
+        self.block = c.block_size
+        self.positions = self.block - 1
+        mx.random.seed(cfg.seed)
+        self.module = DFlashDrafter(c)
+        self.module.set_dtype(mx.float32)
+        L = self.block
+        decay = [0.0] + [1.0 if cfg.loss_decay_gamma is None else float(mx.exp(mx.array(-(k - 1) / cfg.loss_decay_gamma)))
+                         for k in range(1, L)]
+        self.decay = mx.array(decay)  # [L]: position 0 (the anchor, given) is never a label
+
+    def _derived_shape(self, tokenizer, cfg) -> DFlashConfig:
+        layer_ids = self.checked_layer_ids(cfg.target_layer_ids or spread_layer_ids(self.n_layers,
+                                           cfg.num_target_features), "train.target_layer_ids")
         mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else pick_mask_token(tokenizer, self.vocab)
         if not 0 <= mask_id < self.vocab:  # an embedding lookup past the table: a segfault, not an error
             raise ConfigError(f"train.mask_token_id={mask_id} is outside the target's vocabulary [0, {self.vocab}); "
                               "leave it null (an id the tokenizer does not use is picked) or give one below "
                               f"{self.vocab}")
-        c = DFlashConfig(hidden_size=self.hidden, num_hidden_layers=cfg.num_layers,
-                         num_attention_heads=self.args.num_attention_heads,
-                         num_key_value_heads=self.arg("num_key_value_heads", self.args.num_attention_heads),
-                         head_dim=self.head_dim(), intermediate_size=cfg.intermediate_size or self.args.intermediate_size,
-                         rms_norm_eps=self.args.rms_norm_eps,
-                         max_position_embeddings=self.arg("max_position_embeddings", 4096),
-                         block_size=cfg.block_size, target_layer_ids=self.layer_ids, mask_token_id=mask_id,
-                         rope_theta=float(self.arg("rope_theta", 10000.0)), rope_scaling=self.arg("rope_scaling"),
-                         layer_types=("full_attention",) * cfg.num_layers, num_target_layers=self.n_layers,
-                         vocab_size=self.vocab)
-        mx.random.seed(cfg.seed)
-        self.module = DFlashDrafter(c)
-        self.module.set_dtype(mx.float32)
-        L = cfg.block_size
-        decay = [0.0] + [1.0 if cfg.loss_decay_gamma is None else float(mx.exp(mx.array(-(k - 1) / cfg.loss_decay_gamma)))
-                         for k in range(1, L)]
-        self.decay = mx.array(decay)  # [L]: position 0 (the anchor, given) is never a label
+        return DFlashConfig(hidden_size=self.hidden, num_hidden_layers=cfg.num_layers,
+                            num_attention_heads=self.args.num_attention_heads,
+                            num_key_value_heads=self.arg("num_key_value_heads", self.args.num_attention_heads),
+                            head_dim=self.head_dim(),
+                            intermediate_size=cfg.intermediate_size or self.args.intermediate_size,
+                            rms_norm_eps=self.args.rms_norm_eps,
+                            max_position_embeddings=self.arg("max_position_embeddings", 4096),
+                            block_size=cfg.block_size, target_layer_ids=layer_ids, mask_token_id=mask_id,
+                            rope_theta=float(self.arg("rope_theta", 10000.0)), rope_scaling=self.arg("rope_scaling"),
+                            layer_types=("full_attention",) * cfg.num_layers, num_target_layers=self.n_layers,
+                            vocab_size=self.vocab)
 
     def batch(self, rows, prompt_lens, rng: random.Random) -> dict:
         ids, ans = pad(rows, prompt_lens)
         feats, _ = self.capture(ids, self.layer_ids)
-        A, L = self.cfg.num_anchors, self.cfg.block_size
+        A, L = self.cfg.num_anchors, self.block
         anchors, live = [], []
         for r, p in zip(rows, prompt_lens):
             valid = list(range(max(p, 1), len(r) - 1))  # x_a and x_{a+1} are answer tokens, and a has context

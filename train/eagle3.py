@@ -47,22 +47,16 @@ def distinct_aux_layers(n_layers: int) -> tuple[int, ...]:
 class Eagle3Objective(Objective):
     kind = "eagle3"
 
-    def __init__(self, target, tokenizer, cfg, rows, prompt_lens):
+    def __init__(self, target, tokenizer, cfg, rows, prompt_lens, shape: Eagle3Config | None = None):
+        """`shape`: the drafter's config as given (a published or fixture config: its aux layers and
+        draft vocabulary size); null = derived from the target and cfg."""
         super().__init__(target, tokenizer, cfg)
         self.positions = cfg.ttt_length
-        self.aux = tuple(sorted(self.checked_layer_ids(cfg.aux_layer_ids or distinct_aux_layers(self.n_layers),
-                                                       "train.aux_layer_ids")))  # layer inputs
-        self.used = draft_vocab(rows, prompt_lens, self.vocab, cfg.draft_vocab_size)
+        size = shape.draft_vocab_size if shape else cfg.draft_vocab_size
+        self.used = draft_vocab(rows, prompt_lens, self.vocab, size)
         self.in_draft = mx.zeros((self.vocab,), dtype=mx.bool_).at[self.used].add(True)
-        c = Eagle3Config(hidden_size=self.hidden, num_attention_heads=self.args.num_attention_heads,
-                         num_key_value_heads=self.arg("num_key_value_heads", self.args.num_attention_heads),
-                         intermediate_size=cfg.intermediate_size or self.args.intermediate_size,
-                         rms_norm_eps=self.args.rms_norm_eps,
-                         max_position_embeddings=self.arg("max_position_embeddings", 4096), vocab_size=self.vocab,
-                         draft_vocab_size=int(self.used.size), target_hidden_size=self.hidden,
-                         head_dim=self.head_dim(), rope_theta=float(self.arg("rope_theta", 10000.0)),
-                         rope_scaling=self.arg("rope_scaling"), norm_before_residual=True, qk_norm=False,
-                         layer_types=("full_attention",), aux_layer_ids=self.aux)
+        c = shape or self._derived_shape(cfg)
+        self.aux = tuple(sorted(self.checked_layer_ids(c.aux_layer_ids, "train.aux_layer_ids")))  # layer inputs
         mx.random.seed(cfg.seed)
         d = Eagle3Drafter(c)
         d.set_dtype(mx.float32)
@@ -71,6 +65,19 @@ class Eagle3Objective(Objective):
             d.lm_head.weight = target_head_rows(target, self.used)
         d.freeze(keys=["d2t"], recurse=False)
         self.module = d
+
+    def _derived_shape(self, cfg) -> Eagle3Config:
+        aux = cfg.aux_layer_ids or distinct_aux_layers(self.n_layers)
+        return Eagle3Config(hidden_size=self.hidden, num_attention_heads=self.args.num_attention_heads,
+                            num_key_value_heads=self.arg("num_key_value_heads", self.args.num_attention_heads),
+                            intermediate_size=cfg.intermediate_size or self.args.intermediate_size,
+                            rms_norm_eps=self.args.rms_norm_eps,
+                            max_position_embeddings=self.arg("max_position_embeddings", 4096),
+                            vocab_size=self.vocab, draft_vocab_size=int(self.used.size),
+                            target_hidden_size=self.hidden, head_dim=self.head_dim(),
+                            rope_theta=float(self.arg("rope_theta", 10000.0)), rope_scaling=self.arg("rope_scaling"),
+                            norm_before_residual=True, qk_norm=False, layer_types=("full_attention",),
+                            aux_layer_ids=tuple(sorted(self.checked_layer_ids(aux, "train.aux_layer_ids"))))
 
     def batch(self, rows, prompt_lens, rng: random.Random) -> dict:
         ids, ans = pad(rows, prompt_lens)

@@ -7,7 +7,7 @@ tokenizer.json + tokenizer_config.json with a chat template) and loaded back thr
 downloaded: the tokenizer is a byte-level BPE trained with `tokenizers` on text this
 project ships (harness/data/corpus.txt, which holds no benchmark prompt), and the weights
 start from a fixed-seed init (`build_model`) and are trained on that text by
-harness/train_fixtures.py; the trained weights and the tokenizer ship in
+train/fixtures.py (through train/'s loop and objectives); the trained weights and the tokenizer ship in
 harness/data/fixtures/.
 
 Checkpoints are assembled on first use into a cache directory (SPEC_HARNESS_HOME,
@@ -175,7 +175,7 @@ def drafter_dir(kind: str, name: str) -> Path:
 
 def _write_drafter(spec: dict, weights: Path, dest: Path) -> None:
     if not weights.exists():
-        raise FileNotFoundError(f"{weights} is missing; create it with `python -m harness.train_fixtures`")
+        raise FileNotFoundError(f"{weights} is missing; create it with `python -m train.fixtures`")
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "config.json").write_text(json.dumps(spec, indent=2))
     shutil.copyfile(weights, dest / "model.safetensors")
@@ -272,7 +272,7 @@ def build_checkpoint(name: str, dest: Path) -> None:
 
     weights = SHIPPED_DIR / f"{name}.safetensors"
     if not weights.exists():
-        raise FileNotFoundError(f"{weights} is missing; create it with `python -m harness.train_fixtures {name}`")
+        raise FileNotFoundError(f"{weights} is missing; create it with `python -m train.fixtures {name}`")
     dest.mkdir(parents=True, exist_ok=True)
     write_tokenizer(dest)
     shutil.copyfile(weights, dest / "model.safetensors")
