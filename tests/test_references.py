@@ -48,12 +48,13 @@ def test_zlab_dflash_reference_output_equals_base_and_leaves_the_target_untouche
     model, tok = models[arch]
     layers = list(decoder(model).layers)
     base, ref = base_engine(model), _zlab(model, tok, arch)
-    drafted = 0
+    drafted = accepted = 0
     for uid, ids in list(_units(tok))[:6]:
         got = generate_ids(ref, ids, NEW_TOKENS)
         assert got.tokens == generate_ids(base, ids, NEW_TOKENS).tokens, f"{arch} {uid}"
         drafted += sum(r.drafted for r in got.rounds)
-    assert drafted > 0 and got.acceptance()["tau"] > 1.0  # it drafted, and accepted some
+        accepted += sum(r.accepted for r in got.rounds)
+    assert drafted > 0 and accepted > 0  # it drafted, and the target accepted some (over the six prompts)
     assert list(decoder(model).layers) == layers and "_hidden_states" not in model  # its layer hooks are gone
 
 
