@@ -13,7 +13,7 @@ drafter, in the shape the fixture spec gives (harness.models.fixtures.DFLASH, EA
 those answers. Every model trains in train/loop.fit.
 
 Training is seeded; the shipped bytes are the reference (another BLAS would round
-differently). Times for all four fixtures on 2 cores: docs/training.md.
+differently). How long all four take on 2 cores: docs/models.md.
 """
 
 from __future__ import annotations
