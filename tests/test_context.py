@@ -39,7 +39,7 @@ def test_the_context_holds_the_tokens_asked_for_or_a_few_under(models, tmp_path,
     _, tok = models["llama"]
     src = write_conversations(tmp_path / "convs.jsonl", 20)
     ctx = contexts.build(tok, tokens, str(src), chat_template=True)
-    got = contexts.count(tok, list(ctx.messages), True)
+    got = contexts.counter(tok, True)(list(ctx.messages))
     assert tokens - 8 <= got <= tokens, got
     roles = [m["role"] for m in ctx.messages]
     assert roles == ["user", "assistant"] * (len(roles) // 2)  # templates that insist on alternation accept it

@@ -107,3 +107,23 @@ def test_the_mtp_head_is_saved_inside_the_target_checkpoint(tmp_path, monkeypatc
     assert {k for k in saved if not k.startswith("mtp.")} == {k for k in before if not k.startswith("mtp.")}
     assert {k[4:] for k in saved if k.startswith("mtp.")} == set(dict(tree_flatten(head.parameters())))
     assert Path(tmp_path / "qwen35.safetensors").stat().st_size > 0
+
+
+def test_dflash_labels_target_are_the_targets_choices_and_the_anchor_stays_the_rows_token(models):
+    import random
+
+    target, tok = models["llama"]
+    row = [int(t) for t in mx.random.randint(3, 900, (40,), key=mx.random.key(3)).tolist()]
+    shape = DFlashConfig.from_json(fixtures.DFLASH["llama"], "spec")
+    cfg = dataclasses.replace(F.CONFIGS["dflash"], num_anchors=4, labels="target")
+    obj = F.DFlashObjective(target, tok, cfg, [row], [1], shape=shape)
+    b = obj.batch([row], [1], random.Random(0))
+    choice = mx.argmax(target(mx.array([row])), axis=-1)[0].tolist()  # [T]: the target's pick for t + 1
+    for i, a in enumerate(b["anchors"][0].tolist()):
+        assert b["tokens"][0, i, 0].item() == row[a]
+        for k in range(1, shape.block_size):
+            if a + k < len(row):
+                assert b["labels"][0, i, k].item() == choice[a + k - 1]
+    data = F.DFlashObjective(target, tok, dataclasses.replace(cfg, labels="data"), [row], [1], shape=shape)
+    bd = data.batch([row], [1], random.Random(0))
+    assert bd["labels"][0, 0, 1].item() == row[bd["anchors"][0, 0].item() + 1]

@@ -72,6 +72,8 @@ class TrainConfig:
     mask_token_id: Optional[int] = None  # null = the first id past the tokenizer's, else its pad/unk
     num_anchors: int = 32  # blocks trained per row and step
     loss_decay_gamma: Optional[float] = 7.0  # block position k weighs exp(-(k-1)/gamma); null = equal
+    labels: str = "data"  # dflash: data = the row's own tokens (the target's answers); target = the target's greedy
+    #                        choice at each position, teacher-forced on the row (rows of any text)
 
 
 @dataclass
@@ -105,6 +107,9 @@ def validate(cfg: TrainAppConfig) -> None:
         raise ConfigError(f"train.block_size={t.block_size} must be >= 2 (the anchor and at least one draft)")
     if not 0 <= t.warmup_ratio < 1 or not 0 <= t.min_lr_ratio <= 1:
         raise ConfigError("train.warmup_ratio must be in [0, 1) and train.min_lr_ratio in [0, 1]")
+    if t.labels not in ("data", "target"):
+        raise ConfigError(f"train.labels={t.labels!r}; use data (the rows' own tokens) or target (the target's greedy "
+                          "choice at each position)")
     if t.export not in ("best", "last"):
         raise ConfigError(f"train.export={t.export!r}; use best (lowest held-out loss) or last (final step)")
     if t.save_dtype not in ("bfloat16", "float16", "float32"):

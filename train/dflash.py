@@ -84,7 +84,10 @@ class DFlashObjective(Objective):
 
     def batch(self, rows, prompt_lens, rng: random.Random) -> dict:
         ids, ans = pad(rows, prompt_lens)
-        feats, _ = self.capture(ids, self.layer_ids)
+        feats, logits = self.capture(ids, self.layer_ids)
+        said = ids  # position t's label: the row's token, or (labels=target) the target's choice after ids[:t]
+        if self.cfg.labels == "target":
+            said = mx.concatenate([ids[:, :1], mx.argmax(logits[:, :-1], axis=-1).astype(ids.dtype)], axis=1)
         A, L = self.cfg.num_anchors, self.block
         anchors, live = [], []
         for r, p in zip(rows, prompt_lens):
@@ -100,9 +103,10 @@ class DFlashObjective(Objective):
         T = ids.shape[1]
         inside = (offs < T).astype(mx.float32)
         flat = mx.minimum(offs, T - 1).reshape(ids.shape[0], -1)
-        labels = mx.take_along_axis(ids, flat, axis=1).reshape(offs.shape)  # x_{a+k}
+        labels = mx.take_along_axis(said, flat, axis=1).reshape(offs.shape)  # x_{a+k}
         weight = inside * mx.take_along_axis(ans, flat, axis=1).reshape(offs.shape) * mx.array(live)[..., None]
-        tokens = mx.where(mx.arange(L) == 0, labels, self.module.config.mask_token_id)
+        anchor = mx.take_along_axis(ids, flat, axis=1).reshape(offs.shape)  # the block's first token: the row's own
+        tokens = mx.where(mx.arange(L) == 0, anchor, self.module.config.mask_token_id)
         return {"feats": mx.concatenate(feats, axis=-1), "anchors": anchors, "tokens": tokens, "labels": labels,
                 "weight": weight * self.decay, "counted": weight}
 
