@@ -194,7 +194,7 @@ def test_magpie_resumes_from_its_last_round_to_the_same_instructions(tmp_path):
     from train.data import magpie_prompts
 
     model, tok = load_target(resolve_model("fixture:llama"), "float32")
-    cfg = DataConfig(batch=2, magpie_max_tokens=12)
+    cfg = DataConfig(batch=2, magpie_max_tokens=24)
     whole = magpie_prompts(model, tok, 6, cfg, lambda m: None, tmp_path / "a.json")
 
     def killed_after_round_one(msg):
@@ -327,8 +327,9 @@ def test_zlab_reference_runs_a_trained_dflash_drafter_with_the_same_tokens_and_d
         a, b = generate_ids(ours, ids, 24), generate_ids(ref, ids, 24)
         assert a.tokens == b.tokens, uid
         # z-lab drafts fewer tokens when fewer than a block remain: compare the rounds with full blocks
-        full = [(x.accepted, y.accepted) for x, y in zip(a.rounds, b.rounds) if x.drafted == y.drafted]
-        assert len(full) >= len(b.rounds) - 2 and all(x == y for x, y in full), (uid, full)
+        # and not the last round, whose accepted count each loop cuts at the token budget its own way
+        full = [(x.accepted, y.accepted) for x, y in zip(a.rounds[:-1], b.rounds[:-1]) if x.drafted == y.drafted]
+        assert len(full) >= len(b.rounds) - 3 and all(x == y for x, y in full), (uid, full)
         accepted += sum(x for x, _ in full)
     assert accepted > 0, "no draft accepted: the comparison would prove little"
 
@@ -341,7 +342,7 @@ def test_dflash_blocks_see_answer_anchors_with_data_token_labels(models):
 
     from train.dflash import DFlashObjective
 
-    cfg = SimpleNamespace(target_layer_ids=None, num_target_features=2, mask_token_id=None, num_layers=1,
+    cfg = SimpleNamespace(labels="data", target_layer_ids=None, num_target_features=2, mask_token_id=None, num_layers=1,
                           intermediate_size=32, block_size=4, seed=0, num_anchors=4, loss_decay_gamma=7.0)
     model, tok = models["llama"]
     obj = DFlashObjective(model, tok, cfg, [], [])
