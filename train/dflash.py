@@ -63,8 +63,7 @@ class DFlashObjective(Objective):
         self.decay = mx.array(decay)  # [L]: position 0 (the anchor, given) is never a label
 
     def _derived_shape(self, tokenizer, cfg) -> DFlashConfig:
-        layer_ids = self.checked_layer_ids(cfg.target_layer_ids or spread_layer_ids(self.n_layers,
-                                           cfg.num_target_features), "train.target_layer_ids")
+        layer_ids = cfg.target_layer_ids or spread_layer_ids(self.n_layers, cfg.num_target_features)  # checked by __init__
         mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else pick_mask_token(tokenizer, self.vocab)
         if not 0 <= mask_id < self.vocab:  # an embedding lookup past the table: a segfault, not an error
             raise ConfigError(f"train.mask_token_id={mask_id} is outside the target's vocabulary [0, {self.vocab}); "
@@ -77,7 +76,7 @@ class DFlashObjective(Objective):
                             intermediate_size=cfg.intermediate_size or self.args.intermediate_size,
                             rms_norm_eps=self.args.rms_norm_eps,
                             max_position_embeddings=self.arg("max_position_embeddings", 4096),
-                            block_size=cfg.block_size, target_layer_ids=layer_ids, mask_token_id=mask_id,
+                            block_size=cfg.block_size, target_layer_ids=tuple(layer_ids), mask_token_id=mask_id,
                             rope_theta=float(self.arg("rope_theta", 10000.0)), rope_scaling=self.arg("rope_scaling"),
                             layer_types=("full_attention",) * cfg.num_layers, num_target_layers=self.n_layers,
                             vocab_size=self.vocab)

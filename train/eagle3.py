@@ -77,7 +77,7 @@ class Eagle3Objective(Objective):
                             target_hidden_size=self.hidden, head_dim=self.head_dim(),
                             rope_theta=float(self.arg("rope_theta", 10000.0)), rope_scaling=self.arg("rope_scaling"),
                             norm_before_residual=True, qk_norm=False, layer_types=("full_attention",),
-                            aux_layer_ids=tuple(sorted(self.checked_layer_ids(aux, "train.aux_layer_ids"))))
+                            aux_layer_ids=tuple(sorted(aux)))  # checked by __init__
 
     def batch(self, rows, prompt_lens, rng: random.Random) -> dict:
         ids, ans = pad(rows, prompt_lens)
