@@ -63,7 +63,8 @@ class DFlashObjective(Objective):
         self.decay = mx.array(decay)  # [L]: position 0 (the anchor, given) is never a label
 
     def _derived_shape(self, tokenizer, cfg) -> DFlashConfig:
-        layer_ids = cfg.target_layer_ids or spread_layer_ids(self.n_layers, cfg.num_target_features)  # checked by __init__
+        # checked by __init__
+        layer_ids = cfg.target_layer_ids or spread_layer_ids(self.n_layers, cfg.num_target_features)
         mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else pick_mask_token(tokenizer, self.vocab)
         if not 0 <= mask_id < self.vocab:  # an embedding lookup past the table: a segfault, not an error
             raise ConfigError(f"train.mask_token_id={mask_id} is outside the target's vocabulary [0, {self.vocab}); "
