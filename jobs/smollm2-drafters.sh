@@ -7,6 +7,9 @@
 #                                           #   each quantized and packed as it ends -> $OUT/<kind>.tar
 #   bash jobs/smollm2-drafters.sh measure   # device: every method on bench=real_full -> $OUT/records.tgz
 #   TINY=1 bash jobs/smollm2-drafters.sh all   # CPU: the whole job end to end with tiny settings
+#   INIT=1 NPZ=<data.npz> bash jobs/smollm2-drafters.sh train   # device: go on training the shipped drafters
+#                                           #   on data an earlier call brought back (no data step);
+#                                           #   EXTRA_TRAIN="train.steps=1 ..." overrides last (a CPU check)
 #
 # Device calls on a fresh machine (../shared/gpu/README.md; each within 30 s of the last). The tracked
 # tree is ~49 MB and a call carries 64 MiB in all, so after `stage`, `bash jobs/restage.sh` cuts libmlx
@@ -42,10 +45,17 @@ else
   # Batches 2-4x run 2's (whose drafters were short of examples seen, not of data): the trainings
   # share one host-bound GPU, so a step of more rows costs little more time. Steps are what two
   # calls of TRAIN_S reach; a run stopped by time exports its best held-out step and resumes.
+  if [ -n "${INIT:-}" ]; then  # going on from the shipped drafters: the steps ~400 s side by side reach, a lower peak lr
+    declare -A ARGS=([eagle3]="train.steps=1500 train.batch=16 train.lr=3e-4 train.draft_vocab_size=8192"
+                     [dflash]="train.steps=2200 train.batch=16 train.lr=4e-4 train.num_layers=3 train.block_size=8"
+                     [mtp]="train.steps=1300 train.batch=24 train.lr=3e-4"
+                     [draft_model]="train.steps=1200 train.batch=24 train.lr=3e-4 train.num_layers=2")
+  else
   declare -A ARGS=([eagle3]="train.steps=${EAGLE3_STEPS:-2000} train.batch=${EAGLE3_BATCH:-32} train.lr=5e-4 train.draft_vocab_size=8192"
                    [dflash]="train.steps=4000 train.batch=16 train.num_layers=3 train.block_size=8"
                    [mtp]="train.steps=4000 train.batch=24 train.lr=5e-4"
                    [draft_model]="train.steps=3000 train.batch=24 train.lr=4e-4 train.num_layers=2")
+  fi
   TRAIN_S=${TRAIN_S:-330} CELL_S=${CELL_S:-170} BENCH=(bench=real_full)
 fi
 COMMON=(train.log_every=100 train.eval_every=200 ${MEM_GB:+train.memory_limit_gb=$MEM_GB})
@@ -99,20 +109,25 @@ pack_drafter() {  # quantized forms and the training record of one drafter -> $O
 
 train() {  # the four objectives side by side (the GPU is host-bound at this size), each bounded in time
   local k pids=()
-  [ -d "$W/data" ] || [ ! -f "$JOB/data.npz" ] || python -m train.pack --unpack "$JOB/data.npz" "$W/data" || exit 1
+  local npz=${NPZ:-$JOB/data.npz} init=() rc failed=0
+  [ -d "$W/data" ] || [ ! -f "$npz" ] || python -m train.pack --unpack "$npz" "$W/data" || exit 1
   for k in $KINDS; do
     [ ${#pids[@]} = 0 ] || sleep "${STAGGER_S:-0}"  # first steps apart: their peaks need not coincide
+    # INIT=1: go on from the drafter the repo ships (its weights; a fresh optimizer and schedule)
+    [ -z "${INIT:-}" ] || init=("train.init=$PWD/harness/data/drafters/smollm2/$k")
     # shellcheck disable=SC2086
-    trainer "train=$k" "out=$W/$k" "${COMMON[@]}" ${ARGS[$k]} "train.max_seconds=$TRAIN_S" \
+    trainer "train=$k" "out=$W/$k" "${COMMON[@]}" ${ARGS[$k]} "${init[@]}" ${EXTRA_TRAIN:-} "train.max_seconds=$TRAIN_S" \
       > "$W/$k.log" 2>&1 &
     pids+=("$!:$k")
   done
   for p in "${pids[@]}"; do
-    wait "${p%%:*}"; log "${p##*:}: exit $? ($(grep -c . "$W/${p##*:}.log") log lines)"
+    wait "${p%%:*}"; rc=$?; [ "$rc" = 0 ] || failed=$((failed + 1))
+    log "${p##*:}: exit $rc ($(grep -c . "$W/${p##*:}.log") log lines)"
     mkdir -p "$W/${p##*:}" && grep -v "step/s" "$W/${p##*:}.log" | tail -40 > "$W/${p##*:}/log.txt"
     pack_drafter "${p##*:}"
   done
   tar -C "$W" -czf "$OUT/train-logs.tgz" $(cd "$W" && ls ./*.log)
+  [ "$failed" = 0 ] || { log "train: $failed of the trainings failed (their logs: $OUT/train-logs.tgz)"; return 1; }
 }
 
 measure() {  # each method paired with base, the bf16 exports on a bf16 target (cells run one at a time)
@@ -136,11 +151,13 @@ measure() {  # each method paired with base, the bf16 exports on a bf16 target (
   done
 }
 
+status=0  # a failed step does not stop the next (each brings back what it made); the exit says it failed
 for step in "$@"; do
   case $step in
-    stage|data|train|measure) log "step $step"; $step ;;
-    all) for s in stage data train measure; do log "step $s"; $s; done ;;
+    stage|data|train|measure) log "step $step"; $step || status=1 ;;
+    all) for s in stage data train measure; do log "step $s"; $s || status=1; done ;;
     *) echo "usage: $0 stage|data|train|measure|all ..." >&2; exit 2 ;;
   esac
 done
-log "done"
+log "done (exit $status)"
+exit "$status"

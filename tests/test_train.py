@@ -397,3 +397,52 @@ def test_resuming_into_a_checkpoint_of_another_drafter_shape_is_one_line(tmp_pat
             "train.steps=4")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "checkpoint of another drafter shape" in r.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "mtp", "draft_model"])
+def test_a_warm_start_takes_an_exports_weights_and_refuses_another_shape(kind, models, tmp_path):
+    from dataclasses import replace
+
+    from mlx.utils import tree_flatten, tree_map
+
+    from train.__main__ import objective_for
+    from train.config import TrainConfig
+    from train.quantize import quantize_drafter
+
+    target, tok = models["llama"] if kind != "mtp" else models["qwen35"]
+    rows = [[(7 * i + 3 * j) % 200 + 5 for j in range(24)] for i in range(6)]
+    cfg = TrainConfig(kind=kind, draft_vocab_size=64, intermediate_size=64, block_size=4, num_layers=1, ttt_length=2)
+    make = lambda c=cfg, r=rows: objective_for(kind)(target, tok, c, r, [4] * len(r))
+    trained = make()
+    trained.module.update(tree_map(lambda w: w + 0.01 if mx.issubdtype(w.dtype, mx.floating) else w,
+                                   trained.module.trainable_parameters()))
+    trained.export(trained.module, tmp_path / "f", mx.float32)
+    fresh = make()
+    rec = fresh.warm_start(tmp_path / "f")
+    assert rec["quantized"] is False and len(rec["weights_sha256"]) == 64
+    for (k, a), (_, b) in zip(tree_flatten(fresh.module.parameters()), tree_flatten(trained.module.parameters())):
+        assert mx.array_equal(a, b).item(), k  # float32 out, float32 back: the same weights
+    quantize_drafter(tmp_path / "f", tmp_path / "q", bits=8, group_size=32)
+    assert make().warm_start(tmp_path / "q")["quantized"] is True  # dequantized, then read strictly
+    if kind != "mtp":  # an MTP head's shape is the target's alone
+        with pytest.raises(ConfigError, match="has shape|is missing from it"):
+            make(replace(cfg, intermediate_size=96, num_layers=2)).warm_start(tmp_path / "f")
+    if kind == "eagle3":  # over other rows (another draft vocabulary), a warm start keeps its drafter's
+        other = make(r=[[(11 * i + 5 * j) % 300 + 100 for j in range(24)] for i in range(6)])
+        assert not mx.array_equal(other.used, trained.used).item()
+        other.warm_start(tmp_path / "f")
+        assert mx.array_equal(other.used, trained.used).item() and mx.array_equal(other.module.d2t, trained.module.d2t)
+        assert mx.array_equal(other.in_draft, trained.in_draft).item()
+
+
+def test_a_training_run_warm_started_says_so_in_its_record(tmp_path, data_cache):
+    common = ["train=dflash", "arch=llama", f"data.cache_dir={data_cache / 'llama'}", *SMALL]
+    assert run("train", *common, f"out={tmp_path / 'a'}", "train.steps=2").returncode == 0
+    r = run("train", *common, f"out={tmp_path / 'b'}", "train.steps=2", f"train.init={tmp_path / 'a'}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"starting from {tmp_path / 'a'}" in r.stderr
+    rec = json.loads((tmp_path / "b" / "training.json").read_text())
+    first = json.loads((tmp_path / "a" / "training.json").read_text())
+    assert rec["init"]["weights_sha256"] == first["weights_sha256"] and rec["init"]["quantized"] is False
+    r = run("train", *common, f"out={tmp_path / 'c'}", "train.steps=2", f"train.init={tmp_path / 'none'}")
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: train.init="), r.stderr[-800:]

@@ -142,6 +142,23 @@ def test_a_packed_cache_unpacks_to_the_same_shards(tmp_path):
         unpack(tmp_path / "d.npz", tmp_path / "back")
 
 
+def test_a_cache_packed_with_a_shard_size_unpacks_into_shards_of_data_batch_rows(tmp_path):
+    from train.pack import pack, unpack
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    rows = [{"prompt_ids": [7] * n, "answer_ids": [n, n]} for n in range(1, 8)]  # in prompt-length order
+    for s, shard in enumerate([rows[:4], rows[4:]]):  # the old layout: shard_size=4 prompts per shard
+        (cache / f"shard-{s:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shard))
+    (cache / "manifest.json").write_text(json.dumps({"layout": 2, "batch": 3, "shard_size": 4}))
+    pack(cache, tmp_path / "d.npz")
+    assert unpack(tmp_path / "d.npz", tmp_path / "back") == {"shards": 3, "rows": 7}
+    back = [[json.loads(line) for line in (tmp_path / "back" / f"shard-{s:05d}.jsonl").read_text().splitlines()]
+            for s in range(3)]
+    assert back == [rows[:3], rows[3:6], rows[6:]]  # shards of data.batch rows, in the same order
+    assert json.loads((tmp_path / "back" / "manifest.json").read_text()) == {"layout": 2, "batch": 3}
+
+
 def test_gsm8k_is_a_held_out_suite_whose_math_is_told_apart_from_mt_benchs():
     from harness.prompts import load_suite
     from report.frames import category_labels

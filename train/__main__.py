@@ -116,6 +116,10 @@ def train(cfg) -> int:
     log(f"data: {len(train_rows[0])} training rows, {len(eval_rows[0])} held out, "
         f"{rows.answer_tokens()} answer tokens")
     obj = objective(target, tokenizer, cfg.train, *train_rows)
+    init = obj.warm_start(Path(cfg.train.init)) if cfg.train.init else None
+    if init:
+        log(f"train {cfg.train.kind}: starting from {init['path']} ({'dequantized ' if init['quantized'] else ''}"
+            "weights; a fresh optimizer and schedule)")
     state, stopped = fit(obj, train_rows, eval_rows, cfg.train, out, log)
     plot(state.history, out / "curves.png", f"{cfg.arch.name} {cfg.train.kind}")
     exported = state.step
@@ -127,7 +131,7 @@ def train(cfg) -> int:
     obj.load(out)  # the engine's strict loader reads back what was written, or this raises
     record = {"kind": cfg.train.kind, "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
               "target": {"spec": cfg.arch.model, "checkpoint": str(ckpt), "dtype": cfg.arch.dtype},
-              "drafter": obj.describe(), "data": data_info, "steps": state.step, "complete": stopped is None,
+              "drafter": obj.describe(), "init": init, "data": data_info, "steps": state.step, "complete": stopped is None,
               "stopped_by": stopped, "resumed_from": state.resumed_from,
               "exported_step": exported, "exported_eval": _at(state.history, exported),
               "train_seconds": round(state.elapsed_s, 1), "wall_seconds_this_run": round(time.perf_counter() - t0, 1),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -56,6 +57,8 @@ class TrainConfig:
     stop_after: Optional[int] = None  # stop (checkpointed) after this step, as a kill would; rerun to resume
     save_dtype: str = "bfloat16"  # the exported drafter's floating tensors
     export: str = "best"  # best: the weights of the lowest held-out loss seen at an eval; last: the final step's
+    init: Optional[str] = None  # warm start: an exported drafter of this kind and shape (a quantized one is
+    #                             dequantized); its weights, then a fresh optimizer and schedule
     intermediate_size: Optional[int] = None  # drafter MLP width; null = the target's
     # eagle3
     ttt_length: int = 7  # drafter steps unrolled per position (training-time test)
@@ -114,6 +117,9 @@ def validate(cfg: TrainAppConfig) -> None:
         raise ConfigError(f"train.export={t.export!r}; use best (lowest held-out loss) or last (final step)")
     if t.save_dtype not in ("bfloat16", "float16", "float32"):
         raise ConfigError(f"train.save_dtype={t.save_dtype!r}; use bfloat16, float16 or float32")
+    if t.init is not None and not (Path(t.init).expanduser() / "config.json").is_file():
+        raise ConfigError(f"train.init={t.init}: no exported drafter there (no config.json); pass the folder "
+                          "`python -m train` wrote, or leave train.init null to start from scratch")
     if d.temperature < 0 or not 0 < d.top_p <= 1:
         raise ConfigError("data.temperature must be >= 0 and data.top_p in (0, 1]")
     if d.stop_after not in (None, "prompts", "answers"):

@@ -66,6 +66,16 @@ class Eagle3Objective(Objective):
         d.freeze(keys=["d2t"], recurse=False)
         self.module = d
 
+    def adopt(self, theirs: dict) -> None:
+        """A warm start keeps its drafter's draft vocabulary (made from the data it first trained
+        on): answers' tokens outside it weigh nothing, as tokens outside any draft vocabulary do."""
+        d2t = theirs.get("d2t")
+        if d2t is None or d2t.shape != self.module.d2t.shape:
+            return  # warm_start names the difference
+        self.used = (d2t + mx.arange(d2t.size)).astype(self.used.dtype)
+        self.in_draft = mx.zeros((self.vocab,), dtype=mx.bool_).at[self.used].add(True)
+        self.module.d2t = d2t.astype(mx.int64)
+
     def _derived_shape(self, cfg) -> Eagle3Config:
         aux = cfg.aux_layer_ids or distinct_aux_layers(self.n_layers)
         return Eagle3Config(hidden_size=self.hidden, num_attention_heads=self.args.num_attention_heads,

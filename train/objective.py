@@ -4,14 +4,19 @@ an export the harness's loader reads back)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
+import tempfile
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from engines.hidden import activation_dtype, capture_hidden, hidden_size, lm_head, num_layers, text_model, vocab_size
 from harness.errors import ConfigError
+from train.quantize import dequantize_drafter
 
 
 class Objective:
@@ -71,6 +76,46 @@ class Objective:
     def describe(self) -> dict:
         """The drafter's shape for the training record."""
         return {}
+
+    def adopt(self, theirs: dict) -> None:
+        """Take over what a warm start's drafter fixes about the objective ({name: array}, before
+        its weights are compared and loaded): nothing, unless the objective says otherwise."""
+
+    def warm_start(self, src: Path) -> dict:
+        """Set self.module's weights to the exported drafter at `src` (read through the engine's
+        strict loader; a quantized export dequantized first) and return what the training record
+        keeps of it. ConfigError when its tensors differ from this drafter's in name or shape, or
+        an integer table differs that `adopt` did not take over: it was trained with other settings."""
+        src = Path(src).expanduser()
+        quantized = "quantization" in json.loads((src / "config.json").read_text())
+        with tempfile.TemporaryDirectory() as tmp:
+            path = src
+            if quantized:
+                path = Path(tmp) / "float"
+                dequantize_drafter(src, path, mx.float32)
+            theirs = dict(tree_flatten(self.load(path).parameters()))
+        self.adopt(theirs)
+        mine = dict(tree_flatten(self.module.parameters()))
+        problem = _first_difference(mine, theirs)
+        if problem:
+            raise ConfigError(f"train.init={src}: {problem}; pass a drafter exported with these train.* settings and "
+                              "data, or leave train.init null")
+        self.module.load_weights([(k, v.astype(mine[k].dtype)) for k, v in theirs.items()])
+        digest = hashlib.sha256((src / "model.safetensors").read_bytes()).hexdigest()
+        return {"path": str(src), "quantized": quantized, "weights_sha256": digest}
+
+
+def _first_difference(mine: dict, theirs: dict) -> str | None:
+    """What first tells two drafters' tensors apart ({name: array} each), or None."""
+    for name in sorted(set(mine) | set(theirs)):
+        if name not in theirs or name not in mine:
+            return f"tensor {name} is {'missing from it' if name not in theirs else 'not in this drafter'}"
+        a, b = mine[name], theirs[name]
+        if a.shape != b.shape:
+            return f"tensor {name} has shape {tuple(b.shape)}, this drafter's {tuple(a.shape)}"
+        if not mx.issubdtype(a.dtype, mx.floating) and not mx.array_equal(a, b).item():
+            return f"its integer table {name} differs from this drafter's"
+    return None
 
 
 def pad(rows: list[list[int]], prompt_lens: list[int]) -> tuple[mx.array, mx.array]:

@@ -6,7 +6,9 @@ manifest. `python -m train.pack --unpack FILE.npz CACHE` writes the same cache b
 for shard, so `python -m train ... data.cache_dir=CACHE` trains on it without
 generating anything (its manifest must match the run's settings, as for any cache). Ids are
 stored as the narrowest unsigned integer that holds the vocabulary, in one flat array with
-offsets; the unpacked shards are byte-identical to the packed ones.
+offsets; the unpacked shards are byte-identical to the packed ones. A cache packed before
+shards became data.batch prompts each (its manifest names a shard_size) is re-cut into that
+layout as it is unpacked: the same rows in the same order, so the trainer finds every shard.
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ def unpack(src: Path, cache: Path) -> dict:
     tmp = cache.with_name(f".{cache.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    names, counts = _layout(meta)
     k = 0
-    for name, n in zip(meta["shards"], meta["shard_rows"]):
+    for name, n in zip(names, counts):
         out = io.StringIO()
         for _ in range(n):
             p, a = ids[bounds[k]:bounds[k + 1]], ids[bounds[k + 1]:bounds[k + 2]]
@@ -81,10 +84,23 @@ def unpack(src: Path, cache: Path) -> dict:
         shutil.rmtree(tmp)
         if not same:
             raise ValueError(f"{cache} exists and holds other data; unpack into a new directory")
-        return {"shards": len(meta["shards"]), "rows": sum(meta["shard_rows"]), "existing": True}
+        return {"shards": len(names), "rows": sum(counts), "existing": True}
     cache.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, cache)
-    return {"shards": len(meta["shards"]), "rows": sum(meta["shard_rows"])}
+    return {"shards": len(names), "rows": sum(counts)}
+
+
+def _layout(meta: dict) -> tuple[list[str], list[int]]:
+    """The shard files to write and their row counts. A manifest with a shard_size (the layout
+    before train/data.py answered data.batch prompts per shard) is re-cut into shards of
+    data.batch rows, and its shard_size dropped: the rows were written in the prompts' length
+    order either way, so each new shard holds the prompts the trainer would give it."""
+    manifest = meta["manifest"]
+    if manifest.pop("shard_size", None) is None:
+        return meta["shards"], meta["shard_rows"]
+    rows, per = sum(meta["shard_rows"]), manifest["batch"]
+    counts = [min(per, rows - i) for i in range(0, rows, per)]
+    return [f"shard-{s:05d}.jsonl" for s in range(len(counts))], counts
 
 
 def main() -> None:
