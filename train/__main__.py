@@ -131,8 +131,8 @@ def train(cfg) -> int:
     obj.load(out)  # the engine's strict loader reads back what was written, or this raises
     record = {"kind": cfg.train.kind, "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
               "target": {"spec": cfg.arch.model, "checkpoint": str(ckpt), "dtype": cfg.arch.dtype},
-              "drafter": obj.describe(), "init": init, "data": data_info, "steps": state.step, "complete": stopped is None,
-              "stopped_by": stopped, "resumed_from": state.resumed_from,
+              "drafter": obj.describe(), "init": init, "data": data_info, "steps": state.step,
+              "complete": stopped is None, "stopped_by": stopped, "resumed_from": state.resumed_from,
               "exported_step": exported, "exported_eval": _at(state.history, exported),
               "train_seconds": round(state.elapsed_s, 1), "wall_seconds_this_run": round(time.perf_counter() - t0, 1),
               "final": _final(state.history), "history": state.history,
