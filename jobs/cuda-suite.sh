@@ -9,7 +9,8 @@
 # The modules are dealt to the processes largest first (by test count), so the groups end
 # near the same time. $OUT/summary.txt: each group's files, pytest's last line and exit status;
 # the exit status is pytest's worst. Each process is bounded by TIMEOUT_S (default 540 s), so
-# a hung group still returns its log inside one call.
+# a hung group still returns its log inside one call; the logs are verbose (-v), so a group cut
+# by its timeout still names every test it ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 P=${1:-4}
@@ -31,7 +32,7 @@ mapfile -t GROUPS_ < <(for f in $FILES; do echo "$(grep -c '^def test' "$f") $f"
 pids=()
 for i in "${!GROUPS_[@]}"; do
   # shellcheck disable=SC2086
-  timeout "$TIMEOUT_S" python -m pytest -m cuda -q -p no:cacheprovider ${GROUPS_[$i]} \
+  timeout "$TIMEOUT_S" python -m pytest -m cuda -v -p no:cacheprovider ${GROUPS_[$i]} \
     --junitxml="$OUT/group-$i.xml" > "$OUT/group-$i.log" 2>&1 &
   pids+=("$!")
 done
