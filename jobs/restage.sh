@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Re-cut the MLX-CUDA carry folders that ../shared/gpu/stage.sh made into parts that fit beside
-# this repo's tracked tree (a call carries 64 MiB in all; the tree is ~49 MB, stage.sh's thirds
+# this repo's tracked tree (a call carries 64 MiB in all; the tree is ~55 MB, stage.sh's thirds
 # are ~25 MB). From the repo root, after stage.sh:
-#   bash jobs/restage.sh [MB]     # default 14: parts .gpu/big-libmlx.so.xz-NN, each with stash.sh
+#   bash jobs/restage.sh [MB]     # default 9: parts .gpu/big-libmlx.so.xz-NN, each with stash.sh
 # Device calls on a fresh machine: `bash .gpu/big-libmlx.so.xz-NN/stash.sh` per part (carry that
 # folder), the GGUF's parts likewise, then `source .gpu/c/activate.sh` (carry .gpu/c), which now
 # assembles libmlx from the stashed parts. Later calls: `source .gpu/env/activate.sh`.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-mb=${1:-14}
+mb=${1:-9}
 [ -f .gpu/a/libmlx.part00 ] && [ -f .gpu/b/libmlx.part01 ] && [ -f .gpu/c/libmlx.part02 ] ||
   { echo "error: run ../shared/gpu/stage.sh first (no .gpu/a, .gpu/b, .gpu/c thirds of libmlx)" >&2; exit 2; }
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
