@@ -109,13 +109,14 @@ def compact(caches: list, tree_size: int, keep: list[int]) -> None:
     """After a tree forward of tree_size tokens: keep entries `keep` (increasing tree
     indices, root first) contiguous at the end of every attention cache."""
     idx = mx.array(keep)
+    in_place = keep == list(range(len(keep)))  # root and first children kept (or the root alone): a trim
     for c in caches:
         start = c.offset - tree_size
         if isinstance(c, RotatingKVCache):
             _compact_rotating(c, tree_size, idx)
         elif isinstance(c, (KVCache, QuantizedKVCache)):
             parts = [(c.keys, c.values)] if isinstance(c, KVCache) else list(zip(c.keys, c.values))
-            for keys, values in parts:
+            for keys, values in parts if not in_place else ():  # two gathers a layer, only where entries move
                 keys[..., start: start + len(keep), :] = keys[..., start + idx, :]
                 values[..., start: start + len(keep), :] = values[..., start + idx, :]
             c.offset = start + len(keep)
