@@ -115,10 +115,11 @@ def compact(caches: list, tree_size: int, keep: list[int]) -> None:
         if isinstance(c, RotatingKVCache):
             _compact_rotating(c, tree_size, idx)
         elif isinstance(c, (KVCache, QuantizedKVCache)):
-            parts = [(c.keys, c.values)] if isinstance(c, KVCache) else list(zip(c.keys, c.values))
-            for keys, values in parts if not in_place else ():  # two gathers a layer, only where entries move
-                keys[..., start: start + len(keep), :] = keys[..., start + idx, :]
-                values[..., start: start + len(keep), :] = values[..., start + idx, :]
+            if not in_place:  # two gathers a layer, only where entries move
+                parts = [(c.keys, c.values)] if isinstance(c, KVCache) else list(zip(c.keys, c.values))
+                for keys, values in parts:
+                    keys[..., start: start + len(keep), :] = keys[..., start + idx, :]
+                    values[..., start: start + len(keep), :] = values[..., start + idx, :]
             c.offset = start + len(keep)
         else:
             raise RollbackError(f"cannot compact a {type(c).__name__} after a tree verify")

@@ -53,8 +53,7 @@ class Eagle3Objective(Objective):
         super().__init__(target, tokenizer, cfg)
         self.positions = cfg.ttt_length
         size = shape.draft_vocab_size if shape else cfg.draft_vocab_size
-        self.used = draft_vocab(rows, prompt_lens, self.vocab, size)
-        self.in_draft = mx.zeros((self.vocab,), dtype=mx.bool_).at[self.used].add(True)
+        self._use_vocab(draft_vocab(rows, prompt_lens, self.vocab, size))
         c = shape or self._derived_shape(cfg)
         self.aux = tuple(sorted(self.checked_layer_ids(c.aux_layer_ids, "train.aux_layer_ids")))  # layer inputs
         mx.random.seed(cfg.seed)
@@ -72,9 +71,13 @@ class Eagle3Objective(Objective):
         d2t = theirs.get("d2t")
         if d2t is None or d2t.shape != self.module.d2t.shape:
             return  # warm_start names the difference
-        self.used = (d2t + mx.arange(d2t.size)).astype(self.used.dtype)
-        self.in_draft = mx.zeros((self.vocab,), dtype=mx.bool_).at[self.used].add(True)
+        self._use_vocab((d2t + mx.arange(d2t.size)).astype(self.used.dtype))
         self.module.d2t = d2t.astype(mx.int64)
+
+    def _use_vocab(self, used: mx.array) -> None:
+        """Draft with the target ids `used` ([Vd], increasing); in_draft marks them in the target vocab."""
+        self.used = used
+        self.in_draft = mx.zeros((self.vocab,), dtype=mx.bool_).at[used].add(True)
 
     def _derived_shape(self, cfg) -> Eagle3Config:
         aux = cfg.aux_layer_ids or distinct_aux_layers(self.n_layers)

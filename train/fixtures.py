@@ -99,10 +99,15 @@ def train_target(name: str, tokenizer: Tokenizer, work: Path, log=print):
     return model
 
 
+def _distill_corpus() -> list[list[int]]:
+    """The DISTILL_ROWS + EVAL_ROWS corpus rows every fixture's drafters learn from (held-out ones first)."""
+    return corpus_rows(Tokenizer.from_file(str(fixtures.SHIPPED_DIR / "tokenizer.json")),
+                       DISTILL_ROWS + EVAL_ROWS, fixtures.SEED + 1)
+
+
 def distill_rows(name: str, target, tokenizer, log=print) -> tuple[Rows, Rows]:
     """(training, held-out) rows: corpus prompts cut at PROMPT ids and the target's greedy answers."""
-    rows = corpus_rows(Tokenizer.from_file(str(fixtures.SHIPPED_DIR / "tokenizer.json")),
-                       DISTILL_ROWS + EVAL_ROWS, fixtures.SEED + 1)
+    rows = _distill_corpus()
     # Cut anywhere: a cut inside a row's repeated span asks the target to copy, as retrieval prompts do.
     cuts = random.Random(fixtures.SEED + 1)
     prompts = [r[:cuts.randrange(PROMPT[0], PROMPT[1] + 1)] for r in rows]
@@ -119,21 +124,32 @@ def distill_rows(name: str, target, tokenizer, log=print) -> tuple[Rows, Rows]:
 def corpus_distill_rows() -> tuple[Rows, Rows]:
     """(training, held-out) target rows whole (labels=target: the target's choice at every position
     after the first), copied spans included, as the retrieval prompts copy."""
-    rows = corpus_rows(Tokenizer.from_file(str(fixtures.SHIPPED_DIR / "tokenizer.json")),
-                       DISTILL_ROWS + EVAL_ROWS, fixtures.SEED + 1)
+    rows = _distill_corpus()
     return Rows(rows[EVAL_ROWS:], [1] * DISTILL_ROWS), Rows(rows[:EVAL_ROWS], [1] * EVAL_ROWS)
+
+
+# A fixture target's answers, made once for all its drafter kinds: (checkpoint dir, whose name carries
+# the weights' hash, DISTILL_ROWS, EVAL_ROWS) -> distill_rows' (training, held-out) rows.
+_ANSWERED: dict[tuple[str, int, int], tuple[Rows, Rows]] = {}
 
 
 def train_drafter(kind: str, name: str, work: Path, log=print):
     """The `kind` drafter of fixture `name` (dflash | mtp | eagle3), distilled from the shipped target."""
-    target, tokenizer = mlx_lm.load(str(fixtures.fixture_dir(name)))
+    ckpt = str(fixtures.fixture_dir(name))
+    target, tokenizer = mlx_lm.load(ckpt)
     fixtures.cast_model(target, mx.float32)
     target.eval()
     target.freeze()
     cfg = CONFIGS[kind]
     if kind == "dflash":
         cfg = dataclasses.replace(cfg, labels=DFLASH_LABELS.get(name, "data"))
-    train_rows, held = corpus_distill_rows() if cfg.labels == "target" else distill_rows(name, target, tokenizer, log)
+    if cfg.labels == "target":
+        train_rows, held = corpus_distill_rows()
+    else:
+        key = (ckpt, DISTILL_ROWS, EVAL_ROWS)
+        if key not in _ANSWERED:
+            _ANSWERED[key] = distill_rows(name, target, tokenizer, log)
+        train_rows, held = _ANSWERED[key]
     if kind == "dflash":
         shape = DFlashConfig.from_json(fixtures.DFLASH[name], f"DFLASH[{name}]")
         obj = DFlashObjective(target, tokenizer, cfg, train_rows.ids, train_rows.prompt_lens, shape=shape)

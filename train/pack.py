@@ -66,7 +66,7 @@ def unpack(src: Path, cache: Path) -> dict:
     tmp = cache.with_name(f".{cache.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    names, counts = _layout(meta)
+    names, counts, manifest = _layout(meta)
     k = 0
     for name, n in zip(names, counts):
         out = io.StringIO()
@@ -75,7 +75,7 @@ def unpack(src: Path, cache: Path) -> dict:
             out.write(json.dumps({"prompt_ids": p, "answer_ids": a}) + "\n")
             k += 2
         (tmp / name).write_text(out.getvalue())
-    (tmp / "manifest.json").write_text(json.dumps(meta["manifest"], indent=2))
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     if prompts:
         (tmp / "prompts.jsonl").write_bytes(prompts)
     if cache.exists():
@@ -90,31 +90,14 @@ def unpack(src: Path, cache: Path) -> dict:
     return {"shards": len(names), "rows": sum(counts)}
 
 
-def _layout(meta: dict) -> tuple[list[str], list[int]]:
-    """The shard files to write and their row counts. A manifest with a shard_size (the layout
-    before train/data.py answered data.batch prompts per shard) is re-cut into shards of
-    data.batch rows, and its shard_size dropped: the rows were written in the prompts' length
-    order either way, so each new shard holds the prompts the trainer would give it."""
-    manifest = meta["manifest"]
-    if manifest.pop("shard_size", None) is None:
-        return meta["shards"], meta["shard_rows"]
+def _layout(meta: dict) -> tuple[list[str], list[int], dict]:
+    """The shard files to write, their row counts and the manifest to write. A manifest with a
+    shard_size (the layout before train/data.py answered data.batch prompts per shard) is re-cut
+    into shards of data.batch rows, and its shard_size dropped: the rows were written in the
+    prompts' length order either way, so each new shard holds the prompts the trainer would give it."""
+    manifest = {k: v for k, v in meta["manifest"].items() if k != "shard_size"}
+    if "shard_size" not in meta["manifest"]:
+        return meta["shards"], meta["shard_rows"], manifest
     rows, per = sum(meta["shard_rows"]), manifest["batch"]
     counts = [min(per, rows - i) for i in range(0, rows, per)]
-    return [f"shard-{s:05d}.jsonl" for s in range(len(counts))], counts
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--unpack", action="store_true", help="FILE.npz CACHE: write the packed cache back")
-    ap.add_argument("src", type=Path)
-    ap.add_argument("dest", type=Path)
-    a = ap.parse_args()
-    try:
-        print(json.dumps(unpack(a.src, a.dest) if a.unpack else pack(a.src, a.dest)))
-    except (ValueError, OSError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()
+    return [f"shard-{s:05d}.jsonl" for s in range(len(counts))], counts, manifest
