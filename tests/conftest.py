@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ if "SPEC_HARNESS_LOCK_DIR" not in os.environ:
 from harness.models.fixtures import fixture_dir, fixture_names  # noqa: E402
 
 ARCHS = fixture_names()  # gemma4, gemma4_moe, llama, qwen35
+REPO = Path(__file__).resolve().parent.parent
 
 
 # Modules whose tests `python -m pytest -m cuda` selects (pyproject's marker): losslessness of every
@@ -74,3 +76,10 @@ def builtin_prompts():
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment for a `python -m ...` child: this repo first on PYTHONPATH, ahead of what the
+    parent had there (the GPU machine's MLX, hydra and mlx-lm live on PYTHONPATH, not in site-packages)."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}

@@ -14,7 +14,7 @@ import pytest
 
 from harness.models.fixtures import fixture_dir
 from harness.records import iter_records
-from tests.conftest import write_jsonl
+from tests.conftest import subprocess_env, write_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 QUICK = ["bench=smoke", "bench.max_prompts=2", "bench.max_new_tokens=12", "bench.warmup=0"]
@@ -23,7 +23,17 @@ QUICK = ["bench=smoke", "bench.max_prompts=2", "bench.max_new_tokens=12", "bench
 
 def harness(*args, cwd=REPO):
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          timeout=900, env=subprocess_env())
+
+
+def test_a_child_process_keeps_the_parents_pythonpath_behind_the_repo(tmp_path, monkeypatch):
+    # The GPU machine's MLX, hydra and mlx-lm live on PYTHONPATH: a child given the repo alone
+    # could not import hydra (test_quantized's harness run, 2026-12-05 on the H100).
+    (tmp_path / "parent_only_module.py").write_text("WHERE = 'parent'\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", "import parent_only_module, harness.errors; print(parent_only_module.WHERE)"],
+                       cwd=tmp_path.parent, capture_output=True, text=True, env=subprocess_env())
+    assert r.returncode == 0 and r.stdout.strip() == "parent", r.stderr
 
 
 def records(out: Path) -> dict[str, dict]:
@@ -62,7 +72,7 @@ def test_qwen35_sweep_then_report_end_to_end_and_rerun_skips(tmp_path):
     mtimes = {p: p.stat().st_mtime_ns for p in out.glob("*.json")}
 
     rep = subprocess.run([sys.executable, "-m", "report", str(out)], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+                         env=subprocess_env())
     assert rep.returncode == 0, rep.stderr
     assert "### qwen35" in rep.stdout and "| method" in rep.stdout
     assert f"Weights {qwen35_bytes / 1e6:.2f} MB. Decode ceiling" in rep.stdout
@@ -127,7 +137,7 @@ def test_a_rerun_measures_error_and_unsupported_cells_again_and_skips_ok_ones(fa
 
 def _report(out: Path):
     return subprocess.run([sys.executable, "-m", "report", str(out)], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env=subprocess_env())
 
 
 def _table_rows(md: str) -> list[dict]:
@@ -237,7 +247,7 @@ def test_hydras_own_flags_and_their_values_are_not_read_as_overrides(app, flags,
         flags = [f.replace("=dflash_a", "=dflash") for f in flags]
     assert override_args(flags) == [a for a in flags if a.startswith(APPS[app] + "=")]
     r = subprocess.run([sys.executable, "-m", app, *flags], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+                       env=subprocess_env())
     assert r.returncode == 0, r.stderr
     assert shows in r.stdout
 
@@ -245,7 +255,7 @@ def test_hydras_own_flags_and_their_values_are_not_read_as_overrides(app, flags,
 @pytest.mark.parametrize("app", list(APPS))
 def test_a_sweep_value_without_multirun_is_one_line(app):
     r = subprocess.run([sys.executable, "-m", app, f"{APPS[app]}=mtp,ngram"], cwd=REPO, capture_output=True,
-                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+                       text=True, timeout=300, env=subprocess_env())
     assert r.returncode == 2
     assert r.stderr.strip() == (f"error: {APPS[app]}=mtp,ngram lists several values: add -m (--multirun) to run "
                                 "one job per value, or give one value")
@@ -254,6 +264,6 @@ def test_a_sweep_value_without_multirun_is_one_line(app):
 @pytest.mark.parametrize("app", list(APPS))
 def test_flags_hydra_refuses_together_are_one_line(app):
     r = subprocess.run([sys.executable, "-m", app, "-m", "--cfg", "job", f"{APPS[app]}=mtp,ngram"], cwd=REPO,
-                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+                       capture_output=True, text=True, timeout=300, env=subprocess_env())
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error: Only one of") and len(r.stderr.strip().splitlines()) == 1

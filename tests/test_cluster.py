@@ -3,7 +3,6 @@ local jobs (submitit's local executor, the same plugin as SLURM) writes each cel
 turns on the device, resumes only what a killed job left out, and reports as one."""
 
 import fcntl
-import os
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from harness.config import conf_dir, register_configs
 from harness.records import device_lock_path
+from tests.conftest import subprocess_env
 from tests.test_cli import REPO, records
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the cluster extra: pip install -e '.[cluster]'")
@@ -46,7 +46,7 @@ def _sweep(out, hold_device_s: float = 0.0, **env):
     with open(device_lock_path(), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO), **env})
+                                stderr=subprocess.PIPE, text=True, env=subprocess_env(**env))
         time.sleep(hold_device_s)
         released = time.time()
         fcntl.flock(lock, fcntl.LOCK_UN)
@@ -72,7 +72,7 @@ def test_local_jobs_write_each_cell_once_take_turns_and_resume_only_the_killed_c
     assert len(recs) == 3 and all(r["status"] == "ok" for r in recs.values())
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.json") if p.name in mtimes} == mtimes  # not re-run
     rep = subprocess.run([sys.executable, "-m", "report", str(out)], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+                         env=subprocess_env())
     assert rep.returncode == 0, rep.stderr
     rows = [line for line in rep.stdout.splitlines() if line.startswith(("| base", "| ngram"))]
     assert len(rows) == 3

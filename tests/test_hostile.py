@@ -15,6 +15,7 @@ import pytest
 
 from harness.bounds import fit_prompt, interpolate, verify_sizes
 from harness.errors import ConfigError
+from tests.conftest import subprocess_env
 from tests.test_cli import QUICK, REPO, harness, records
 
 
@@ -172,7 +173,7 @@ def test_the_test_suite_takes_its_own_device_lock_not_the_hosts():
 
 
 def test_the_same_cell_launched_twice_at_once_is_measured_once(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = subprocess_env()
     args = [sys.executable, "-m", "harness", "arch=llama", "method=ngram", *QUICK, f"out_dir={tmp_path}"]
     procs = [subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
@@ -199,7 +200,7 @@ def test_report_names_a_corrupted_record_and_strict_fails_on_it(tmp_path):
     (good,) = tmp_path.glob("*.json")
     broken = tmp_path / "llama__cut-short.json"
     broken.write_text(good.read_text()[:200])
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = subprocess_env()
     rep = subprocess.run([sys.executable, "-m", "report", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
                          env=env)
     assert rep.returncode == 0, rep.stderr
@@ -241,7 +242,7 @@ def test_an_outside_arm_without_what_reaches_it_is_bad_input_not_unsupported(tmp
 
 def _report(*args):
     return subprocess.run([sys.executable, "-m", "report", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          text=True, timeout=600, env=subprocess_env())
 
 
 def test_the_report_reads_merged_results_one_row_per_cell_and_names_what_it_left_out(tmp_path):
@@ -275,7 +276,7 @@ def interrupt_mid_cell(out_dir) -> tuple[int, str]:
     """(exit code, stderr) of a cell sent SIGINT after its first timed turn."""
     import signal
 
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = subprocess_env()
     p = subprocess.Popen([sys.executable, "-m", "harness", "arch=llama", "method=ngram", "bench=smoke",
                           "bench.max_new_tokens=400", f"out_dir={out_dir}"], cwd=REPO, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -3,7 +3,6 @@ examples/ gives base's tokens with its own timings, and an engine that will not 
 too slowly, writes garbage or dies mid-cell gives an `error` record naming what happened while
 the sweep goes on."""
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,6 +11,7 @@ import time
 import pytest
 
 from harness.models.fixtures import fixture_dir
+from tests.conftest import subprocess_env
 from tests.test_cli import REPO, harness, records
 
 SMOKE = ["arch=llama", "arch.dtype=float32", "bench=smoke", "bench.max_prompts=2", "bench.max_new_tokens=16",
@@ -310,6 +310,6 @@ def test_a_server_arm_reports_no_acceptance_it_cannot_observe(tmp_path):
     s = rec["summary"]
     assert s["acceptance_unobserved"] and s["tau"] is None and s["acceptance_rate"] is None
     rep = subprocess.run([sys.executable, "-m", "report", str(out)], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+                         env=subprocess_env())
     assert rep.returncode == 0, rep.stderr
     assert "100.0%" not in (out / "report.md").read_text()

@@ -16,7 +16,7 @@ import mlx.core as mx
 import pytest
 
 from harness.errors import ConfigError
-from tests.conftest import engine_cfg
+from tests.conftest import engine_cfg, subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["data.n_prompts=10", "data.batch=5", "data.max_new_tokens=24", "data.eval_rows=2", "train.batch=4",
@@ -27,7 +27,7 @@ ENGINE = {"eagle3": "eagle3", "dflash": "dflash_a", "mtp": "mtp", "draft_model":
 
 def run(module: str, *args, timeout=900):
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          timeout=timeout, env=subprocess_env())
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, data_cache):
     args = ["train=mtp", "arch=llama", f"out={out}", f"data.cache_dir={data_cache / 'llama'}", "train.steps=2000",
             "train.ckpt_every_steps=3", *SMALL]
     proc = subprocess.Popen([sys.executable, "-m", "train", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
+                            stderr=subprocess.DEVNULL, env=subprocess_env())
     deadline = time.time() + 300
     while time.time() < deadline and not list((out / "ckpt").glob("step-0000006")):
         time.sleep(0.2)
