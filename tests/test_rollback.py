@@ -13,17 +13,25 @@ from engines.hidden import hidden_size, num_layers
 from engines.target import Target
 from tests.conftest import ARCHS
 
-TOL = 1e-5
+# The CPU computes a verify's kept rows and a fresh feed of them bit for bit alike. MLX's CUDA GEMMs
+# round by row count: on the H100 (2026-12-05) qwen35's states after 12 rounds differed by 1.1e-5
+# in float32, and 16-bit storage rounded such inputs apart by one of its ulps (fp16 9.8e-4, bf16
+# 7.8e-3 at values in [1, 2)). A rollback off by one position differs by ~0.1-1 (states reach ~6).
+CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
+TOL = 1e-4 if CUDA else 1e-5
 
 
 def _max_diff(a: Target, b: Target) -> float:
+    """Largest |a - b| over every cache's logical state, less (on CUDA) one ulp of its storage at |b|."""
     worst = 0.0
     assert a.offset == b.offset
     for ca, cb in zip(a.cache, b.cache, strict=True):
         for x, y in zip(logical_state(ca), logical_state(cb), strict=True):
             assert x.shape == y.shape, f"{type(ca).__name__}: {x.shape} vs {y.shape}"
             if x.size:
-                worst = max(worst, mx.abs(x.astype(mx.float32) - y.astype(mx.float32)).max().item())
+                ulp = mx.finfo(x.dtype).eps if CUDA and x.dtype in (mx.float16, mx.bfloat16) else 0.0
+                x, y = x.astype(mx.float32), y.astype(mx.float32)
+                worst = max(worst, (mx.abs(x - y) - ulp * mx.abs(y)).max().item())
     return worst
 
 
@@ -79,6 +87,9 @@ CONVERTED = {"q8": (QuantizedKVCache, 8), "q4": (QuantizedKVCache, 4), "float16"
 @pytest.mark.parametrize("kv", list(CONVERTED))
 @pytest.mark.parametrize("arch", ["llama", "qwen35"])
 def test_rollback_is_exact_under_converted_kv_caches(models, arch, kv):
+    if CUDA and kv in ("q4", "q8"):  # measured on the H100 at 66ef0ef, mlx 0.32.4
+        pytest.skip("MLX's CUDA quantized_matmul has no kernel for a float32 target's quantized KV cache "
+                    "(\"No implementation for problem shape: 1x42x64x4 ... activation: float32\")")
     model, _ = models[arch]
     rng = random.Random(5)
     rounds = [([rng.randrange(1000) for _ in range(T)], rng.randint(1, T)) for T in (4, 3, 2, 5, 5, 4, 6, 3)]
@@ -148,9 +159,9 @@ def test_rewind_to_a_mark_restores_the_cache_exactly(models, arch):
 
 @pytest.mark.parametrize("hk, hv, masked", [(2, 2, False), (2, 4, False), (2, 4, True)])
 def test_capture_steps_equal_single_token_recurrences_bit_for_bit(hk, hv, masked):
-    # What capture keeps must be what T single-token decodes would have computed.
-    from mlx_lm.models import gated_delta as gd
-
+    # What capture keeps must be what T single-token decodes would have computed on this device:
+    # the fused kernel on CUDA, mlx-lm's ops elsewhere (mlx-lm's ops are not the CUDA reference:
+    # on the H100 they differed from the kernel in the last digit, 2026-12-05).
     from engines.deltanet import recurrence
 
     B, T, D = 1, 6, 32
@@ -163,8 +174,8 @@ def test_capture_steps_equal_single_token_recurrences_bit_for_bit(hk, hv, masked
     y, final, states = recurrence(q, k, v, g, beta, state, mask, keep_states=True)
     s = state
     for t in range(T):
-        yt, s = gd.gated_delta_ops(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], g[:, t:t + 1], beta[:, t:t + 1], s,
-                                   None if mask is None else mask[:, t:t + 1])
+        yt, s, _ = recurrence(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], g[:, t:t + 1], beta[:, t:t + 1], s,
+                              None if mask is None else mask[:, t:t + 1])
         assert mx.array_equal(yt, y[:, t:t + 1]).item() and mx.array_equal(s, states[t]).item(), t
     assert mx.array_equal(s, final).item()
 
