@@ -159,6 +159,31 @@ def test_a_cache_packed_with_a_shard_size_unpacks_into_shards_of_data_batch_rows
     assert json.loads((tmp_path / "back" / "manifest.json").read_text()) == {"layout": 2, "batch": 3}
 
 
+def test_the_pack_command_packs_unpacks_and_refuses_a_missing_file_in_one_line(tmp_path):
+    # jobs/smollm2-drafters.sh runs `python -m train.pack` on the device: a module that parses
+    # nothing exits 0 and leaves the trainer no data (76f7b47 lost its main this way).
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, subprocess_env
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "train.pack", *map(str, args)], cwd=REPO,
+                              capture_output=True, text=True, env=subprocess_env())
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "shard-00000.jsonl").write_text(json.dumps({"prompt_ids": [1, 2], "answer_ids": [3]}) + "\n")
+    (cache / "manifest.json").write_text(json.dumps({"layout": 2}))
+    r = cli(cache, tmp_path / "d.npz")
+    assert r.returncode == 0 and json.loads(r.stdout)["rows"] == 1, r.stderr
+    r = cli("--unpack", tmp_path / "d.npz", tmp_path / "back")
+    assert r.returncode == 0 and json.loads(r.stdout) == {"shards": 1, "rows": 1}, r.stderr
+    assert (tmp_path / "back" / "shard-00000.jsonl").read_bytes() == (cache / "shard-00000.jsonl").read_bytes()
+    r = cli("--unpack", tmp_path / "missing.npz", tmp_path / "other")
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.splitlines()) == 1
+
+
 def test_gsm8k_is_a_held_out_suite_whose_math_is_told_apart_from_mt_benchs():
     from harness.prompts import load_suite
     from report.frames import category_labels

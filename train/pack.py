@@ -101,3 +101,20 @@ def _layout(meta: dict) -> tuple[list[str], list[int], dict]:
     rows, per = sum(meta["shard_rows"]), manifest["batch"]
     counts = [min(per, rows - i) for i in range(0, rows, per)]
     return [f"shard-{s:05d}.jsonl" for s in range(len(counts))], counts, manifest
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--unpack", action="store_true", help="FILE.npz CACHE: write the packed cache back")
+    ap.add_argument("src", type=Path)
+    ap.add_argument("dest", type=Path)
+    a = ap.parse_args()
+    try:
+        print(json.dumps(unpack(a.src, a.dest) if a.unpack else pack(a.src, a.dest)))
+    except (ValueError, OSError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
