@@ -13,13 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from harness import blas
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the BLAS choice is a Linux question")
 
 

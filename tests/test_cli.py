@@ -2,7 +2,6 @@
 
 import csv
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -14,9 +13,8 @@ import pytest
 
 from harness.models.fixtures import fixture_dir
 from harness.records import iter_records
-from tests.conftest import subprocess_env, write_jsonl
+from tests.conftest import REPO, subprocess_env, write_jsonl
 
-REPO = Path(__file__).resolve().parent.parent
 QUICK = ["bench=smoke", "bench.max_prompts=2", "bench.max_new_tokens=12", "bench.warmup=0"]
 # dflash and mtp cells add a calibration and two context-scaling runs: keep prompts few.
 

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO
 
 # Links left broken on purpose: (file relative to the repo, target as written).
 # Two published reports embed the four plots `python -m report` writes beside report.md, but

@@ -20,7 +20,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO
+
 UPPER = ("harness", "report", "train")  # the floors above engines/
 HEAVY = ("mlx", "mlx_lm")  # libraries the report must never load (engines/ loads them too)
 REPORT_READS = ("harness.records", "harness.stats", "harness.summary")  # all the report takes from harness/

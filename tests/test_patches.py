@@ -20,8 +20,8 @@ import mlx_lm.models.qwen3_5 as qwen3_5
 import pytest
 
 from engines import patches
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 LIBRARIES = ("mlx", "mlx_lm", "dflash")  # what the harness measures and must not edit in place
 SCANNED = ("engines", "harness", "train")
 HOME = Path("engines/patches.py")

@@ -3,7 +3,7 @@ import pytest
 
 from harness.errors import ConfigError
 from harness.prompts import load_suite
-from tests.conftest import write_jsonl
+from tests.conftest import REPO, write_jsonl
 
 
 def test_builtin_suite_covers_the_spec_bench_categories():
@@ -79,7 +79,6 @@ from pathlib import Path  # noqa: E402
 from harness.models import packaged as packaged_mod  # noqa: E402
 from harness.prompts import PACKAGED, humaneval_turn, suite_sources  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 MTBENCH_CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
 
 

@@ -2,14 +2,12 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from engines.base import Engine
 from engines.registry import ALIASES, ENGINES, available, get_engine
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO
 
 # The aliases as the @register decorators declared them before the table replaced them.
 ALIASES_BEFORE = {"autoregressive": "base", "ar": "base", "verify_control": "control", "dflash": "dflash_a",

@@ -16,9 +16,8 @@ import mlx.core as mx
 import pytest
 
 from harness.errors import ConfigError
-from tests.conftest import engine_cfg, subprocess_env
+from tests.conftest import REPO, engine_cfg, subprocess_env
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = ["data.n_prompts=10", "data.batch=5", "data.max_new_tokens=24", "data.eval_rows=2", "train.batch=4",
          "train.log_every=5", "train.eval_every=10", "train.lr=2e-3", "train.ttt_length=3",
          "train.draft_vocab_size=256", "train.num_anchors=4", "train.block_size=4", "train.intermediate_size=64"]
@@ -337,8 +336,8 @@ def test_zlab_reference_runs_a_trained_dflash_drafter_with_the_same_tokens_and_d
 def test_dflash_blocks_see_answer_anchors_with_data_token_labels(models):
     """Anchors sit on answer tokens with context before them; block position k is labelled with
     x_{a+k}, weight 0 at the anchor itself and for the weightless repeats filling a short row."""
-    from types import SimpleNamespace
     import random
+    from types import SimpleNamespace
 
     from train.dflash import DFlashObjective
 
