@@ -38,6 +38,7 @@ _SOURCE = r"""
     int b_idx = n / Hv;
     int hv_idx = n % Hv;
     int hk_idx = hv_idx / (Hv / Hk);
+    const int T = k_shape[1];  // read at run time: one compile serves every length
     constexpr int n_per_t = Dk / 32;
     const InT* q_ = q + (size_t)b_idx * T * Hk * Dk + hk_idx * Dk;
     const InT* k_ = k + (size_t)b_idx * T * Hk * Dk + hk_idx * Dk;
@@ -116,7 +117,7 @@ def _kernel(q, k, v, g, beta, state, keep_states: bool):
     out = _KERNELS[keep_states](
         inputs=[q, k, v, g, beta, state],
         template=[("InT", q.dtype), ("GT", g.dtype), ("BT", beta.dtype), ("StT", state.dtype),
-                  ("Dk", Dk), ("Dv", Dv), ("Hk", Hk), ("Hv", Hv), ("T", T)],
+                  ("Dk", Dk), ("Dv", Dv), ("Hk", Hk), ("Hv", Hv)],
         grid=(32, Dv, B * Hv), threadgroup=(32, 4, 1), output_shapes=shapes,
         output_dtypes=[q.dtype, state.dtype] + ([state.dtype] if keep_states else []))
     return out[0], out[1], (out[2] if keep_states else None)  # states: [T, B, Hv, Dv, Dk]
