@@ -98,8 +98,10 @@ def test_rollback_is_exact_under_converted_kv_caches(models, arch, kv):
     converted = [c for c in t.cache if type(c) is kind]
     assert converted and all((c.bits if kind is QuantizedKVCache else c.storage_dtype) == storage for c in converted)
     assert _max_diff(t, fresh) <= TOL
-    # ... and the next forward reads the rolled-back cache as the fresh one
-    assert mx.abs(t.verify([5, 6]).logits - fresh.forward([5, 6]).logits).max().item() <= 1e-4
+    # ... and the next forward reads the rolled-back cache as the fresh one (on CUDA a 16-bit cache's
+    # one-ulp splits above reach the logits: fp16 read 1.18e-4 on the H100; a wrong token moves them ~1)
+    logit_tol = 1e-3 if CUDA and kv in ("float16", "bfloat16") else 1e-4
+    assert mx.abs(t.verify([5, 6]).logits - fresh.forward([5, 6]).logits).max().item() <= logit_tol
 
 
 def test_sliding_window_rollback_many_rounds_past_the_window(models):
