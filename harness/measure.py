@@ -2,7 +2,9 @@
 
 Protocol per cell:
 1. warm-up: `warmup` untimed generations of each arm on the first prompt (first
-   calls compile kernels);
+   calls compile kernels); on GPUs also a short one on every later prompt (its prefill
+   shapes), and a full one where the timed runs would reach a key bucket (mlx-lm's cache
+   step) that no earlier warm-up reached: a new bucket brings new attention plans;
 2. calibration: on the first prompt's context, the target's cost of one decode
    step and of one verify over K+1 tokens (median of a few), for the speedup model;
    on hybrid targets the cost of each recurrent rollback strategy, weighted by the
@@ -36,6 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
+from mlx_lm.models.cache import KVCache
 
 from engines.base import Engine
 from engines.sampling import Sampler
@@ -105,6 +108,7 @@ class CellRun:
         self.answers: dict[str, list[str]] = {}  # the reference's answers, for later turns of a prompt
         self.calibration, self.cell_context, self.prefix, self.warm = None, None, None, None
         self.warm_every = warmup_every_prompt(bench)
+        self.warmed_keys = 0  # the longest context a warm-up of this cell has reached
         self.wall = WallClock()
 
     def prompt_ids(self, prompt: Prompt, turn: int) -> tuple[list[int], list[int] | None, int | None]:
@@ -135,7 +139,7 @@ class CellRun:
             return run_generation(eng, ids, max_new_tokens, self.sampler, profile, self.stop, keep_scores)
 
         if u == 0 or self.warm_every:
-            self.warm_up(u == 0, _where(prompt, turn), run)
+            self.warm_up(u == 0, _where(prompt, turn), run, len(ids))
         if u == 0:
             self.calibrate(ids, run)
         HEARTBEAT.start(f"the timed reps of {_where(prompt, turn)} (turn {u + 1}/{n_units})")
@@ -165,15 +169,23 @@ class CellRun:
                                                        item["first_divergence"])
         self.items.append(item)
 
-    def warm_up(self, first: bool, where: str, run) -> None:
+    def warm_up(self, first: bool, where: str, run, n_ids: int) -> None:
         HEARTBEAT.start(f"the warm-up of {where}")
+        reach = n_ids + self.bench.max_new_tokens + self.arms.block  # keys the timed runs may hold
         with self.wall("warmup"):
             if first:
                 self.log(f"  warm-up: {self.bench.warmup} generation(s) per arm")
                 self.warm = _warm_up(self.arms, run, self.bench.warmup)
+            elif key_bucket(reach) > key_bucket(self.warmed_keys):
+                self.log(f"  warm-up: {where} reaches {reach} keys, a bucket past the {self.warmed_keys} warmed so far:"
+                         f" a full generation per arm")
+                _warm_up(self.arms, run, min(self.bench.warmup, 1))
             else:  # later prompts bring new shapes (their prefill), not new code: a short generation compiles them
                 short = _later_warmup_tokens(self.bench, self.arms.block)
                 _warm_up(self.arms, lambda eng: run(eng, max_new_tokens=short), min(self.bench.warmup, 1))
+                reach = n_ids + short + self.arms.block
+        if self.bench.warmup:
+            self.warmed_keys = max(self.warmed_keys, reach)
 
     def calibrate(self, ids: list[int], run) -> None:
         self.log(f"  calibration: verify of {len(verify_sizes(self.arms.block))} sizes up to {self.arms.block} tokens")
@@ -221,6 +233,15 @@ class WallClock:
 def profiled(bench, unit: int) -> bool:
     """Whether prompt (turn) `unit` gets the profiled runs: every bench.profile_every-th turn."""
     return bool(bench.profile) and unit % max(1, bench.profile_every) == 0
+
+
+KEY_BUCKET = KVCache.step  # mlx-lm grows a cache's buffer this many keys at a time
+
+
+def key_bucket(keys: int) -> int:
+    """Which of mlx-lm's cache buffer sizes `keys` keys fall in: attention plans (cuDNN on CUDA,
+    engines/dispatch.py's shape-stable attention) are made per buffer size."""
+    return -(-keys // KEY_BUCKET)
 
 
 def _later_warmup_tokens(bench, block: int) -> int:
