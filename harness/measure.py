@@ -41,9 +41,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from engines.base import Engine
+from engines.prefix import PrefixStore
 from engines.sampling import Sampler
 from harness import context as contexts
-from engines.prefix import PrefixStore
 from harness.bounds import fit_prompt, verify_sizes
 from harness.calibrate import calibrate, compare_rollbacks, context_scaling
 from harness.divergence import divergence, divergence_margin

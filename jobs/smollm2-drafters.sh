@@ -58,6 +58,9 @@ else
   fi
   TRAIN_S=${TRAIN_S:-330} CELL_S=${CELL_S:-170} BENCH=(bench=real_full)
 fi
+# MEM_GB caps MLX's cache, not a training's peak: on an 80 GB H100 (run 6) four trainings side by side at
+# MEM_GB=14 ran two out of device memory (MTP alone peaked at 18.1 GiB); there, KINDS="eagle3 mtp" then
+# KINDS="dflash draft_model" (two at a time) fit.
 COMMON=(train.log_every=100 train.eval_every=200 ${MEM_GB:+train.memory_limit_gb=$MEM_GB})
 
 gguf() {  # the packaged file, under its own name (the converted checkpoint's cache key names it)
