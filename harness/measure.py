@@ -176,7 +176,7 @@ class CellRun:
             if first:
                 self.log(f"  warm-up: {self.bench.warmup} generation(s) per arm")
                 self.warm = _warm_up(self.arms, run, self.bench.warmup)
-            elif key_bucket(reach) > key_bucket(self.warmed_keys):
+            elif self.bench.warmup and key_bucket(reach) > key_bucket(self.warmed_keys):
                 self.log(f"  warm-up: {where} reaches {reach} keys, a bucket past the {self.warmed_keys} warmed so far:"
                          f" a full generation per arm")
                 _warm_up(self.arms, run, min(self.bench.warmup, 1))
