@@ -5,7 +5,10 @@ K/V shape. Every round of a speculative method attends over a new key count, in 
 verify and in the drafter, so a round pays two plan builds whenever its context length
 has not been seen in this process. `stable_attention` attends over the cache's whole
 buffer instead (mlx-lm grows it 256 keys at a time), with one additive mask per forward
-hiding what is not written yet, so one plan serves every round in that bucket. Measured
+hiding what is not written yet, so one plan serves every round in that bucket (a tree
+verify's boolean mask is padded alike; the drafters attend the same way: DFlash's and
+EAGLE-3's own attention, and the MTP head, a layer of the target's class, through
+Target.stable()). Measured
 on the H200 (random llama-1b, bf16, DFlash block 8, docs/benchmarks/2026-12-01-h200):
 with every shape new (a 16-plan cache) a round costs 8.0 ms with it, and z-lab's
 reference, without it, 109 ms; with every shape already planned (the same prompt
@@ -63,19 +66,37 @@ def attention_modules(model: nn.Module) -> list:
 def _bucketed(original, masks: dict):
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
         # queries [B, H, T, D]; cache.keys [B, Hkv, S, D] with S >= offset (mlx-lm's growth step)
-        T = queries.shape[2]
-        if (T == 1 or type(cache) is not KVCache or sinks is not None or not isinstance(mask, str)
-                or mask != "causal" or cache.keys.shape[2] == keys.shape[2]):
+        T, K = queries.shape[2], keys.shape[2]
+        if T == 1 or type(cache) is not KVCache or sinks is not None or cache.keys.shape[2] == K:
             return original(queries, keys, values, cache, scale, mask, sinks)
         S = cache.keys.shape[2]
-        key = (cache.offset, T, S, queries.dtype)
-        if key not in masks:  # one additive mask per forward, shared by its layers (no per-layer conversion)
-            qpos = mx.arange(cache.offset - T, cache.offset)  # the offset already counts these T
-            visible = mx.arange(S)[None] <= qpos[:, None]  # [T, S]: causal, and nothing past the end
-            masks[key] = mx.where(visible, mx.array(0, queries.dtype), mx.array(-mx.inf, queries.dtype))
-        return mx.fast.scaled_dot_product_attention(queries, cache.keys, cache.values, scale=scale, mask=masks[key])
+        if isinstance(mask, str) and mask == "causal":
+            key = (cache.offset, T, S, queries.dtype)
+            if key not in masks:  # one additive mask per forward, shared by its layers (no per-layer conversion)
+                qpos = mx.arange(cache.offset - T, cache.offset)  # the offset already counts these T
+                visible = mx.arange(S)[None] <= qpos[:, None]  # [T, S]: causal, and nothing past the end
+                masks[key] = mx.where(visible, mx.array(0, queries.dtype), mx.array(-mx.inf, queries.dtype))
+            padded = masks[key]
+        elif isinstance(mask, mx.array) and mask.dtype == mx.bool_ and mask.shape[-1] == K:
+            padded = pad_keys(mask, S, masks)  # a tree verify's [T, K] mask: the unwritten tail hidden
+        else:
+            return original(queries, keys, values, cache, scale, mask, sinks)
+        return mx.fast.scaled_dot_product_attention(queries, cache.keys, cache.values, scale=scale, mask=padded)
     scaled_dot_product_attention.bucketed = True
     return scaled_dot_product_attention
+
+
+def pad_keys(mask: mx.array, S: int, masks: dict | None = None) -> mx.array:
+    """A boolean [..., T, K] mask over the first K of S buffered keys -> [..., T, S], the rest
+    unseen. With `masks` (one forward's), layers given the same mask object share one padding."""
+    key = ("pad", id(mask), S)
+    if masks is not None and key in masks and masks[key][0] is mask:
+        return masks[key][1]
+    tail = mx.zeros((*mask.shape[:-1], S - mask.shape[-1]), dtype=mx.bool_)
+    padded = mx.concatenate([mask, tail], axis=-1)
+    if masks is not None:
+        masks[key] = (mask, padded)  # the mask kept alive with it: its id cannot be reused in this forward
+    return padded
 
 
 @contextmanager

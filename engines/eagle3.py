@@ -54,6 +54,7 @@ from engines.cache import trim_attention
 from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, ROPE_FIELDS, SLIDING_FIELDS,
                                 Field, attention_types, check_rope, check_tensors, float_drafter, quantize_like, read_config, read_fields,
                                 read_tensors, refuse_unknown, refuse_unknown_fields, rope_settings, write_checkpoint)
+from engines.dispatch import pad_keys
 from engines.errors import DrafterError
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
@@ -195,6 +196,8 @@ class _MLP(nn.Module):
 
 
 class Eagle3Attention(nn.Module):
+    stable = False  # attend over the cache's whole buffer (engines/dispatch.py; set per engine)
+
     def __init__(self, c: Eagle3Config, layer: int):
         super().__init__()
         self.n_heads, self.n_kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -230,9 +233,17 @@ class Eagle3Attention(nn.Module):
             rot = lambda t: self.rope(t.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)
             q, k = rot(q), rot(k)
         keys, values = cache.update_and_fetch(k, v) if cache is not None else (k, v)
-        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale,
-                                                   mask=self._mask(T, keys.shape[2], offset, tree))
+        mask = self._mask(T, keys.shape[2], offset, tree)
+        if self.stable and T > 1 and type(cache) is KVCache and cache.keys.shape[2] > keys.shape[2]:
+            mask = pad_keys(self._causal(T, keys.shape[2]) if isinstance(mask, str) else mask, cache.keys.shape[2])
+            keys, values = cache.keys, cache.values  # the whole buffer: one cuDNN plan per 256 keys
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, -1))
+
+    @staticmethod
+    def _causal(T: int, K: int) -> mx.array:
+        # [T, K]: the last T of K cache entries, each seeing the entries up to itself
+        return mx.arange(K)[None] <= (K - T + mx.arange(T))[:, None]
 
     def _mask(self, T: int, S: int, offset: int, tree):
         if tree is not None:
@@ -439,6 +450,8 @@ class Eagle3(Engine):
         self.drafter = load_eagle3(Path(cfg.drafter), target.model)
         self.depth, self.top_k, self.total = cfg.depth, cfg.top_k, cfg.total_tokens
         self._check_hidden_layers(feature_layers(self.drafter.config.aux_layer_ids))
+        for layer in self.drafter.layers:
+            layer.self_attn.stable = target.stable_attention
         self.hybrid = target.layout.recurrent > 0  # one recurrent state cannot serve several branches
         self.draft_ids = self.drafter.to_target(mx.arange(self.drafter.config.draft_vocab_size))  # [Vd] target ids
         self.block = (self.depth if self.hybrid else self.total) + 1  # tokens a full verify feeds
@@ -538,7 +551,7 @@ class Eagle3(Engine):
             new = sorted(range(first, len(nodes)), key=lambda i: (-nodes[i].score, i))
             frontier = sorted(new[: self.top_k])
         keep = sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, i))[: self.total])
-        keep = self._close_under_ancestors(nodes, keep)
+        keep = self._best_first(nodes, self._close_under_ancestors(nodes, keep))
         index = {old: new for new, old in enumerate(keep)}
         return Draft(mx.take(mx.concatenate(ids), mx.array(keep)),
                      parents=[index[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in keep])
@@ -552,6 +565,21 @@ class Eagle3(Engine):
                 out.add(p)
                 p = nodes[p].parent
         return sorted(out)
+
+    @staticmethod
+    def _best_first(nodes, keep):
+        """`keep` in depth-first order, each node's children best score first: parents still come
+        before children, and a path of best children (the likeliest accepted) sits right after the
+        root, where commit_tree keeps it with a trim instead of moving cache entries."""
+        children: dict[int, list[int]] = {}
+        for i in keep:
+            children.setdefault(nodes[i].parent, []).append(i)
+        order, stack = [], sorted(children.get(-1, []), key=lambda i: (nodes[i].score, -i))
+        while stack:
+            i = stack.pop()  # the best remaining sibling: stacked last
+            order.append(i)
+            stack += sorted(children.get(i, []), key=lambda j: (nodes[j].score, -j))
+        return order
 
     def _chain(self, history, root, depth) -> Draft:
         """The single best (or sampled) path, for hybrid targets and temperature > 0: causal

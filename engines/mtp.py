@@ -182,7 +182,8 @@ class MTP(Engine):
 
     def _step(self, tokens: mx.array, hidden: mx.array) -> mx.array:
         x = embed(self.target.model, tokens[None])  # [T] ids -> [1, T, H]
-        return self.head(x, hidden, self.cache)
+        with self.target.stable():  # its layer is the target's class: one cuDNN plan per cache bucket on CUDA
+            return self.head(x, hidden, self.cache)
 
     def draft(self, history):
         with small_m_linears(self.target.small_m_gemm):  # its first step covers every accepted position

@@ -86,6 +86,11 @@ class Target:
         self.strategy = strategy
         self.reset()
 
+    def stable(self):
+        """A context in which layers of this target's own classes run outside a target forward
+        (an MTP head) attend shape-stably as its forwards do (engines/dispatch.py); a no-op when off."""
+        return stable_attention(self._attention)
+
     def _feed(self, ids: mx.array) -> Forward:
         # [T] ids -> logits [1, T, V] and hidden [1, T, n * H]; caches advance, offset bookkeeping is the caller's.
         inputs = ids[None]

@@ -8,13 +8,16 @@ import pytest
 import engines.dispatch as dispatch
 from engines.autoregressive import Autoregressive
 from engines.dflash import DFlashA
+from engines.eagle3 import Eagle3
 from engines.dispatch import attention_modules
 from engines.hidden import decoder
+from engines.mtp import MTP
 from engines.ngram import Ngram
 from engines.target import Target
 from harness.models import fixtures
 from tests.conftest import engine_cfg, method_cfg
 from tests.helpers import base_engine, generate_ids
+from tests.test_eagle3 import eagle_cfg
 from tests.test_lossless import NEW_TOKENS, _units
 
 FORCED = {"stage_every": 1, "stable_attention": True}
@@ -63,6 +66,13 @@ def test_forced_on_every_method_keeps_base_output_and_the_same_rounds(models, ar
         assert [r.accepted for r in forced.rounds] == [r.accepted for r in plain.rounds]  # the drafter drafted alike
         ngram = Ngram(Target(model, **FORCED), method_cfg(block_size=4))
         assert generate_ids(ngram, ids, NEW_TOKENS).tokens == want
+        drafters = [lambda **kw: Eagle3.build(model, eagle_cfg(arch), **kw)]  # a tree (a chain on the hybrid)
+        if arch == "qwen35":  # the fixture with an MTP head
+            drafters.append(lambda **kw: MTP.build(model, engine_cfg(block_size=3, drafter=str(fixtures.fixture_dir(arch))), **kw))
+        for build in drafters:
+            plain, forced = generate_ids(build(), ids, NEW_TOKENS), generate_ids(build(**FORCED), ids, NEW_TOKENS)
+            assert forced.tokens == want == plain.tokens
+            assert [r.accepted for r in forced.rounds] == [r.accepted for r in plain.rounds]
     assert list(decoder(model).layers) == layers  # every stage hook was taken out again
     assert {m.__name__: m.scaled_dot_product_attention for m in attention_modules(model)} == sdpa
 
@@ -83,6 +93,24 @@ def test_bucketed_attention_reads_the_whole_buffer_and_gives_the_same_logits(mod
         mx.eval(logits[on])
         assert set(seen) == ({256} if on else {len(ids) + 6}), seen  # the 256-key buffer, or the exact key count
     assert mx.abs(logits[True] - logits[False]).max().item() < 1e-5
+
+
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+def test_forced_on_drafters_and_tree_verify_attend_over_whole_buffers(models, monkeypatch, method):
+    # EAGLE-3's tree verify (a boolean tree mask), its drafter's own attention and the MTP head
+    # (a layer of the target's class, run outside target forwards) all see the 256-key buffer
+    arch = "llama" if method == "eagle3" else "qwen35"
+    model, tok = models[arch]
+    ids = next(_units(tok))[1]
+    seen = []
+    real = mx.fast.scaled_dot_product_attention
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: seen.append((q.shape[2], k.shape[2])) or real(q, k, v, **kw))
+    cfg = eagle_cfg(arch) if method == "eagle3" else engine_cfg(block_size=3, drafter=str(fixtures.fixture_dir(arch)))
+    engine = (Eagle3 if method == "eagle3" else MTP).build(model, cfg, **FORCED)
+    generate_ids(engine, ids, 24)
+    many = {k for t, k in seen if t > 1}
+    assert len(ids) + 24 < 256 and many == {256}, many  # never an exact key count: one cuDNN plan per bucket
 
 
 def test_staged_dispatch_queues_the_graph_every_n_layers(models, monkeypatch):

@@ -101,6 +101,23 @@ def test_eagle3_greedy_output_is_identical_to_base(models, arch):
     assert tokens / rounds > 1.3, f"tau {tokens / rounds:.2f}"
 
 
+def test_trees_are_laid_out_best_child_first_so_the_likely_path_needs_no_cache_moves(models, monkeypatch):
+    from engines.eagle3 import _Node
+    #  root -> a (0.9) -> c (0.5), d (0.7); root -> b (0.8) -> e (0.6)
+    nodes = [_Node(-1, 0.8, 1), _Node(-1, 0.9, 1), _Node(1, 0.5, 2), _Node(1, 0.7, 2), _Node(0, 0.6, 2)]
+    assert Eagle3._best_first(nodes, [0, 1, 2, 3, 4]) == [1, 3, 2, 0, 4]  # depth first, best sibling first
+    model, tok = models["llama"]
+    keeps = []
+    real = Target.commit_tree
+    monkeypatch.setattr(Target, "commit_tree", lambda self, keep: keeps.append(list(keep)) or real(self, keep))
+    eng = Eagle3.build(model, eagle_cfg("llama"))
+    for _, ids in list(_units(tok))[:6]:
+        assert generate_ids(eng, ids, 32).tokens == generate_ids(base_engine(model), ids, 32).tokens
+    deep = [k for k in keeps if len(k) >= 3]  # two or more drafts accepted
+    # a breadth-first layout keeps such a path in place only when a level has one node (1 of 16 here)
+    assert sum(k == list(range(len(k))) for k in deep) >= len(deep) / 3, deep
+
+
 def test_sampling_drafts_a_chain_and_keeps_running(models):
     model, tok = models["llama"]
     ids = next(_units(tok))[1]
