@@ -16,8 +16,9 @@
 # into 9 MiB parts (.gpu/big-libmlx.so.xz-0[0-7]); `stage` cuts the GGUF into 9 MiB parts
 # (.gpu/big-smollm2.gguf-[00-10]). The calls on a fresh machine:
 #   1-19 bash .gpu/big-<name>-NN/stash.sh                       carry that part (each alone)
-#   20   source .gpu/c/activate.sh && bash jobs/smollm2-drafters.sh data train   carry .gpu/c .gpu/job
-#   21   source .gpu/env/activate.sh && bash jobs/smollm2-drafters.sh measure     carry .gpu/env
+#   20   bash .gpu/cx/stash.sh                                  carry .gpu/cx (the prompt-data wheels)
+#   21   source .gpu/c/activate.sh && bash jobs/smollm2-drafters.sh data train   carry .gpu/c .gpu/job
+#   22   source .gpu/env/activate.sh && bash jobs/smollm2-drafters.sh measure     carry .gpu/env
 # A stash call costs ~3 s of device time on a warm machine. DEQ=1 measures dequantized copies
 # of the drafters (run 4's check of MLX's per-shape CUDA JIT of quantized matmuls).
 # Every artifact goes to $OUT in the step that makes it (one file per drafter, each < 16 MiB):
