@@ -47,9 +47,12 @@ def _lossless_cell(arch: str, kind: str, drafter: Path, out: Path) -> dict:
 def test_training_lowers_the_loss_and_the_drafter_runs_losslessly(arch, kind, tmp_path, data_cache):
     out = tmp_path / kind
     r = run("train", f"train={kind}", f"arch={arch}", f"out={out}", f"data.cache_dir={data_cache / arch}",
-            "train.steps=30", *SMALL)
+            "train.steps=30", *SMALL, "train.eval_head_tokens=8")
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads((out / "training.json").read_text())
+    head = rec["final"]["eval"]
+    assert len(head["acc_head"]) == len(head["acc"]) and head["head_tokens"] == 8
+    assert "first 8 answer tokens [" in r.stderr
     losses = [h["loss"] for h in rec["history"] if h["split"] == "train"]
     assert losses[-1] < 0.8 * losses[0], losses
     assert rec["steps"] == 30 and rec["data"]["sha256"] and (out / "curves.png").stat().st_size > 1000
@@ -445,3 +448,36 @@ def test_a_training_run_warm_started_says_so_in_its_record(tmp_path, data_cache)
     assert rec["init"]["weights_sha256"] == first["weights_sha256"] and rec["init"]["quantized"] is False
     r = run("train", *common, f"out={tmp_path / 'c'}", "train.steps=2", f"train.init={tmp_path / 'none'}")
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: train.init="), r.stderr[-800:]
+
+
+class _Recorder:
+    """An objective that scores every row's answer length, so the rows it was given show."""
+    kind, module = "stub", None
+
+    def __init__(self):
+        self.seen = []
+
+    def batch(self, rows, plens, rng):
+        self.seen.append([len(r) - p for r, p in zip(rows, plens)])
+        return rows, plens
+
+    def loss(self, module, b):
+        rows, plens = b
+        answer = sum(len(r) - p for r, p in zip(rows, plens)) / len(rows)
+        return mx.array(1.0), {"acc": mx.array([answer]), "n": mx.array(float(len(rows)))}
+
+
+def test_held_out_accuracy_is_also_taken_over_the_answers_first_tokens():
+    from train.config import TrainConfig
+    from train.loop import State, _log_eval, answer_heads
+
+    assert answer_heads([[1, 2, 3, 4, 5, 6], [7, 8, 9]], [2, 1], 2) == [[1, 2, 3, 4], [7, 8, 9]]
+    rows, plens = [list(range(40)), list(range(12))], [10, 4]  # answers of 30 and 8 tokens
+    for n, want in ((None, None), (16, [(16 + 8) / 2]), (64, [(30 + 8) / 2])):
+        obj, state, lines = _Recorder(), State(), []
+        _log_eval(state, obj, (rows, plens), TrainConfig(kind="mtp", batch=4, eval_head_tokens=n), lines.append)
+        (entry,) = state.history
+        assert entry["acc"] == [19.0] and entry.get("acc_head") == want and entry.get("head_tokens") == n
+        assert obj.seen == ([[30, 8]] if n is None else [[30, 8], [min(30, n), 8]])
+        assert ("first" in lines[0]) == (n is not None)
+

@@ -148,7 +148,14 @@ def train(cfg) -> int:
 
 def _at(history: list, step: int) -> dict | None:
     h = next((h for h in history if h["split"] == "eval" and h["step"] == step), None)
-    return h and {"loss": round(h["loss"], 5), "acc": [round(a, 4) for a in h["acc"]]}
+    return h and _rounded(h)
+
+
+def _rounded(h: dict) -> dict:
+    out = {"loss": round(h["loss"], 5), "acc": [round(a, 4) for a in h["acc"]]}
+    if "acc_head" in h:
+        out.update(acc_head=[round(a, 4) for a in h["acc_head"]], head_tokens=h["head_tokens"])
+    return out
 
 
 def _final(history: list) -> dict:
@@ -157,7 +164,7 @@ def _final(history: list) -> dict:
     for split in ("train", "eval"):
         h = last(split)
         if h:
-            out[split] = {"step": h["step"], "loss": round(h["loss"], 5), "acc": [round(a, 4) for a in h["acc"]]}
+            out[split] = {"step": h["step"], **_rounded(h)}
     return out
 
 

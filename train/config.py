@@ -49,6 +49,8 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 10
     eval_every: int = 100
+    eval_head_tokens: Optional[int] = 64  # held-out accuracy also over each answer's first N tokens (a bench
+    #                                       of N new tokens drafts there); null: not measured
     ckpt_every_steps: int = 200
     ckpt_every_s: float = 240.0
     max_seconds: Optional[float] = None  # stop cleanly (checkpointed) after this much training time
@@ -106,6 +108,8 @@ def validate(cfg: TrainAppConfig) -> None:
     for key, v in positive.items():
         if v <= 0:
             raise ConfigError(f"{key}={v} must be > 0")
+    if t.eval_head_tokens is not None and t.eval_head_tokens <= 0:
+        raise ConfigError(f"train.eval_head_tokens={t.eval_head_tokens} must be > 0 (or null: not measured)")
     if t.block_size < 2:
         raise ConfigError(f"train.block_size={t.block_size} must be >= 2 (the anchor and at least one draft)")
     if not 0 <= t.warmup_ratio < 1 or not 0 <= t.min_lr_ratio <= 1:

@@ -51,7 +51,8 @@ ANSWER = 64  # new tokens per answer
 DISTILL_ROWS, EVAL_ROWS = 1024, 64
 KINDS = ("target", "dflash", "mtp", "eagle3")
 _FIXED = dict(warmup_ratio=0.08, min_lr_ratio=0.1, weight_decay=0.01, grad_clip=1.0, log_every=100,
-              eval_every=250, ckpt_every_steps=10**9, ckpt_every_s=1e9)
+              eval_every=250, ckpt_every_steps=10**9, ckpt_every_s=1e9,
+              eval_head_tokens=None)  # answers are ANSWER tokens long: their head is the whole answer
 CONFIGS = {  # values tuned for these 128-wide models; train/config.py's defaults are for real targets
     "target": TrainConfig(kind="lm", steps=600, batch=16, lr=2e-3, seed=fixtures.SEED, export="last", **_FIXED),
     "dflash": TrainConfig(kind="dflash", steps=800, batch=16, lr=2e-3, seed=fixtures.SEED + 2, num_anchors=16,

@@ -139,10 +139,26 @@ def _log_train(state, window, opt, cfg, start_step, start_elapsed, kind, log) ->
 
 
 def _log_eval(state, obj, eval_rows, cfg, log) -> bool:
-    """Logs the held-out loss and accuracy; True when the loss is the lowest so far."""
+    """Logs the held-out loss and accuracy (and, with train.eval_head_tokens, the accuracy over each
+    answer's first N tokens); True when the loss is the lowest so far."""
     rows, plens = eval_rows
     if not rows:
         return False
+    loss, acc = held_out(obj, rows, plens, cfg)
+    best = min((h["loss"] for h in state.history if h["split"] == "eval"), default=float("inf"))
+    entry = {"step": state.step, "split": "eval", "loss": loss, "acc": acc}
+    head = ""
+    if cfg.eval_head_tokens:  # a bench drafts on an answer's first tokens, harder than whole answers' average
+        entry["acc_head"] = held_out(obj, answer_heads(rows, plens, cfg.eval_head_tokens), plens, cfg)[1]
+        entry["head_tokens"] = cfg.eval_head_tokens
+        head = f", first {cfg.eval_head_tokens} answer tokens {_fmt(entry['acc_head'])}"
+    state.history.append(entry)
+    log(f"eval {obj.kind}: step {state.step} loss {loss:.4f} acc {_fmt(acc)}{head} (held-out rows)")
+    return loss < best
+
+
+def held_out(obj, rows, plens, cfg) -> tuple[float, list[float]]:
+    """Loss and per-position accuracy over `rows`, weighted by the positions each batch scores."""
     total, accs, n = 0.0, None, 0.0
     for i in range(0, len(rows), cfg.batch):
         b = obj.batch(rows[i:i + cfg.batch], plens[i:i + cfg.batch], random.Random(cfg.seed + i))
@@ -151,11 +167,12 @@ def _log_eval(state, obj, eval_rows, cfg, log) -> bool:
         total += loss.item() * w
         accs = m["acc"] * w if accs is None else accs + m["acc"] * w
         n += w
-    acc, loss = (accs / max(n, 1e-9)).tolist(), total / max(n, 1e-9)
-    best = min((h["loss"] for h in state.history if h["split"] == "eval"), default=float("inf"))
-    state.history.append({"step": state.step, "split": "eval", "loss": loss, "acc": acc})
-    log(f"eval {obj.kind}: step {state.step} loss {loss:.4f} acc {_fmt(acc)} (held-out rows)")
-    return loss < best
+    return total / max(n, 1e-9), (accs / max(n, 1e-9)).tolist()
+
+
+def answer_heads(rows: list, plens: list, n: int) -> list:
+    """Each row cut after its answer's first n tokens (prompt_len + n ids): labels only among them."""
+    return [r[:p + n] for r, p in zip(rows, plens)]
 
 
 def _fmt(acc: list[float]) -> str:
@@ -265,8 +282,13 @@ def plot(history: list, path: Path, title: str) -> None:
     ax1.legend()
     evals = [h for h in history if h["split"] == "eval"] or [h for h in history if h["split"] == "train"]
     for k in range(len(evals[0]["acc"]) if evals else 0):
-        ax2.plot([h["step"] for h in evals], [h["acc"][k] for h in evals], "o-", markersize=3, label=f"pos {k + 1}")
-    ax2.set(xlabel="step", ylabel="accuracy (argmax = target's)", ylim=(0, 1), title="held-out accuracy per position")
+        line, = ax2.plot([h["step"] for h in evals], [h["acc"][k] for h in evals], "o-", markersize=3,
+                         label=f"pos {k + 1}")
+        heads = [(h["step"], h["acc_head"][k]) for h in evals if "acc_head" in h]
+        if heads:  # the same position over answers' first tokens: dotted, in the same colour
+            ax2.plot(*zip(*heads), ":", color=line.get_color())
+    ax2.set(xlabel="step", ylabel="accuracy (argmax = target's)", ylim=(0, 1),
+            title="held-out accuracy per position (dotted: answers' first tokens)")
     if evals:
         ax2.legend(fontsize=7, ncol=2)
     fig.tight_layout()
