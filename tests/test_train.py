@@ -226,6 +226,8 @@ def test_magpie_stops_when_rounds_add_nothing(tmp_path):
 def test_bad_training_settings_are_one_line_errors(tmp_path):
     r = run("train", "train=eagle3", "arch=llama", f"out={tmp_path}", "train.steps=0")
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == "error: train.steps=0 must be > 0"
+    r = run("train", "train=mtp", "arch=llama", f"out={tmp_path}", "train.eval_head_tokens=1")
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: train.eval_head_tokens=1 must be >= 2")
     r = run("train", "train=medusa", "arch=llama", f"out={tmp_path}")
     assert r.returncode == 2 and "medusa" in r.stderr and "Traceback" not in r.stderr
     r = run("train", "train=mtp", "arch=llama", f"out={tmp_path}", f"data.prompts={tmp_path / 'none.txt'}")

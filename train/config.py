@@ -108,8 +108,8 @@ def validate(cfg: TrainAppConfig) -> None:
     for key, v in positive.items():
         if v <= 0:
             raise ConfigError(f"{key}={v} must be > 0")
-    if t.eval_head_tokens is not None and t.eval_head_tokens <= 0:
-        raise ConfigError(f"train.eval_head_tokens={t.eval_head_tokens} must be > 0 (or null: not measured)")
+    if t.eval_head_tokens is not None and t.eval_head_tokens < 2:  # as data rows: at least 2 answer tokens
+        raise ConfigError(f"train.eval_head_tokens={t.eval_head_tokens} must be >= 2 (or null: not measured)")
     if t.block_size < 2:
         raise ConfigError(f"train.block_size={t.block_size} must be >= 2 (the anchor and at least one draft)")
     if not 0 <= t.warmup_ratio < 1 or not 0 <= t.min_lr_ratio <= 1:
