@@ -19,6 +19,7 @@ from tests.conftest import engine_cfg, method_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_eagle3 import eagle_cfg
 from tests.test_lossless import NEW_TOKENS, _units
+from tests.test_mtp import mtp_cfg
 
 FORCED = {"stage_every": 1, "stable_attention": True}
 
@@ -68,7 +69,7 @@ def test_forced_on_every_method_keeps_base_output_and_the_same_rounds(models, ar
         assert generate_ids(ngram, ids, NEW_TOKENS).tokens == want
         drafters = [lambda **kw: Eagle3.build(model, eagle_cfg(arch), **kw)]  # a tree (a chain on the hybrid)
         if arch == "qwen35":  # the fixture with an MTP head
-            drafters.append(lambda **kw: MTP.build(model, engine_cfg(block_size=3, drafter=str(fixtures.fixture_dir(arch))), **kw))
+            drafters.append(lambda **kw: MTP.build(model, mtp_cfg(fixtures.fixture_dir(arch), k=2), **kw))
         for build in drafters:
             plain, forced = generate_ids(build(), ids, NEW_TOKENS), generate_ids(build(**FORCED), ids, NEW_TOKENS)
             assert forced.tokens == want == plain.tokens
@@ -106,7 +107,7 @@ def test_forced_on_drafters_and_tree_verify_attend_over_whole_buffers(models, mo
     real = mx.fast.scaled_dot_product_attention
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention",
                         lambda q, k, v, **kw: seen.append((q.shape[2], k.shape[2])) or real(q, k, v, **kw))
-    cfg = eagle_cfg(arch) if method == "eagle3" else engine_cfg(block_size=3, drafter=str(fixtures.fixture_dir(arch)))
+    cfg = eagle_cfg(arch) if method == "eagle3" else mtp_cfg(fixtures.fixture_dir(arch), k=2)
     engine = (Eagle3 if method == "eagle3" else MTP).build(model, cfg, **FORCED)
     generate_ids(engine, ids, 24)
     many = {k for t, k in seen if t > 1}
