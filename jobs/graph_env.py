@@ -1,0 +1,141 @@
+"""What one decode step, one verify round and one batched data step cost under MLX's CUDA-graph
+settings: a SmolLM2-135M-shaped llama with random weights (the costs depend on shapes, not
+weights), driven through the harness's own Target (shape-stable attention, tree masks).
+
+    python jobs/graph_env.py [--out costs.jsonl] [--label NAME]
+
+MLX's CUDA backend records kernels into CUDA graphs of MLX_MAX_OPS_PER_BUFFER nodes and keeps
+the instantiated graphs in a cache of MLX_CUDA_GRAPH_CACHE_SIZE entries keyed by topology, which
+it empties whole when it overflows. Both are read once per process, so run this script once per
+setting (jobs/graph-env.sh does) and compare the lines. Off CUDA it runs the same work (tiny
+settings for a check of the script itself: --tiny).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from harness import blas
+
+blas.select()
+
+import mlx.core as mx  # noqa: E402
+from mlx_lm.models import llama  # noqa: E402
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
+
+from engines.target import Target  # noqa: E402
+
+SMOLLM2 = dict(model_type="llama", hidden_size=576, num_hidden_layers=30, intermediate_size=1536,
+               num_attention_heads=9, num_key_value_heads=3, rms_norm_eps=1e-5, vocab_size=49152,
+               rope_theta=100000.0, tie_word_embeddings=True)
+TINY = dict(SMOLLM2, hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=512)
+TREE_15 = [-1, 0, 1, 2, 1, 0, 5, -1, 7, 8, 7, -1, 11, -1, 13]  # 15 nodes, 4 deep: an EAGLE-3 4/4/15 shape
+
+
+def build(cfg: dict, dtype) -> llama.Model:
+    model = llama.Model(llama.ModelArgs(**cfg))
+    model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    return model
+
+
+def per_call_ms(fn, n: int, warm: int = 3) -> float:
+    for _ in range(warm):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return round((time.perf_counter() - t0) * 1e3 / n, 3)
+
+
+def target_costs(model, vocab: int, context: int, n: int) -> dict:
+    # One sequence through the harness's Target: a decode step read each time, a pipelined one,
+    # chain verifies of 2/8/16 with a rollback of all but one, a 15-node tree verify with a compaction.
+    t = Target(model)
+    t.prefill(mx.random.randint(0, vocab, (context,)).tolist())
+    tok = [1]
+
+    def step():
+        mx.eval(mx.argmax(t.forward(tok).logits[-1]))
+        t.rewind((t.offset - 1, []))
+
+    def pipelined(k=8):
+        ys = []
+        y = mx.array([1])
+        for _ in range(k):
+            y = mx.argmax(t.forward(y).logits[-1:], axis=-1)
+            mx.async_eval(y)
+            ys.append(y)
+        mx.eval(ys)
+        t.rewind((t.offset - k, []))
+
+    def chain(T):
+        def go():
+            out = t.verify(list(range(1, T + 1)))
+            mx.eval(mx.argmax(out.logits, axis=-1))
+            t.commit(1)
+            t.rewind((t.offset - 1, []))
+        return go
+
+    def tree():
+        out = t.verify_tree(list(range(16)), TREE_15)
+        mx.eval(mx.argmax(out.logits, axis=-1))
+        t.commit_tree([0, 1, 2])
+        t.rewind((t.offset - 3, []))
+
+    out = {"step": per_call_ms(step, n), "step_pipelined": round(per_call_ms(pipelined, max(1, n // 8)) / 8, 3)}
+    for T in (2, 8, 16):
+        out[f"verify_{T}"] = per_call_ms(chain(T), n)
+    out["tree_16"] = per_call_ms(tree, n)
+    return out
+
+
+def batch_step_ms(model, vocab: int, rows: int, context: int, n: int) -> float:
+    # One decode step of `rows` sequences in mlx-lm's BatchKVCache (train/batch_decode.py's step).
+    cache = [BatchKVCache([0] * rows) for _ in make_prompt_cache(model)]
+    x = mx.random.randint(0, vocab, (rows, context))
+    y = mx.argmax(model(x, cache=cache)[:, -1, :], axis=-1)
+    mx.eval(y)
+
+    def block(k=8):
+        nonlocal y
+        ys = []
+        for _ in range(k):
+            y = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
+            mx.async_eval(y)
+            ys.append(y)
+        mx.eval(ys)
+    return round(per_call_ms(block, max(1, n // 8), warm=1) / 8, 3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer model and few calls: a check of the script")
+    ap.add_argument("--n", type=int, default=48, help="timed calls per measurement")
+    a = ap.parse_args()
+    cfg = TINY if a.tiny else SMOLLM2
+    model = build(cfg, mx.float32 if a.tiny else mx.bfloat16)
+    n = 4 if a.tiny else a.n
+    row = {"label": a.label, "device": str(mx.default_device()),
+           "mlx_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MLX_")}}
+    t0 = time.perf_counter()
+    row.update(target_costs(model, cfg["vocab_size"], 16 if a.tiny else 300, n))
+    for rows in ((4,) if a.tiny else (1, 64, 256)):
+        row[f"batch_{rows}"] = batch_step_ms(model, cfg["vocab_size"], rows, 16 if a.tiny else 128, n)
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    line = json.dumps(row)
+    print(line, flush=True)
+    if a.out:
+        with a.out.open("a") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
