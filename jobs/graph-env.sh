@@ -3,7 +3,7 @@
 #   bash jobs/graph-env.sh ["CACHE:OPS" ...]     (default: the grid below; "-" keeps MLX's default)
 set -uo pipefail
 out="${OUT:-.}/graph-env.jsonl"
-settings=("${@:-"-:-" "1000:-" "1000:50" "1000:100" "-:100" "4000:200"}")
+settings=("$@"); [ $# -gt 0 ] || settings=("-:-" "1000:-" "1000:50" "1000:100" "-:100" "4000:200")
 for s in "${settings[@]}"; do
   cache="${s%%:*}" ops="${s##*:}"
   env_args=()

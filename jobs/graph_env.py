@@ -53,15 +53,23 @@ def per_call_ms(fn, n: int, warm: int = 3) -> float:
     return round((time.perf_counter() - t0) * 1e3 / n, 3)
 
 
-def target_costs(model, vocab: int, context: int, n: int) -> dict:
-    # One sequence through the harness's Target: a decode step read each time, a pipelined one,
-    # chain verifies of 2/8/16 with a rollback of all but one, a 15-node tree verify with a compaction.
-    t = Target(model)
+def target_costs(model, vocab: int, context: int, n: int, **dispatch) -> dict:
+    # One sequence through the harness's Target (dispatch: its stable_attention / small_m_gemm
+    # overrides): a decode step read each time, a pipelined one, chain verifies of 2/8/16 with a
+    # rollback of all but one, a 15-node tree verify with a compaction. `build_*`: the host's time
+    # to build that call's lazy graph, before anything is evaluated.
+    t = Target(model, **dispatch)
     t.prefill(mx.random.randint(0, vocab, (context,)).tolist())
-    tok = [1]
+    built: dict[str, float] = {}
+
+    def timed_build(name, make):
+        t0 = time.perf_counter()
+        out = make()
+        built[name] = built.get(name, 0.0) + time.perf_counter() - t0
+        return out
 
     def step():
-        mx.eval(mx.argmax(t.forward(tok).logits[-1]))
+        mx.eval(mx.argmax(timed_build("step", lambda: t.forward([1])).logits[-1]))
         t.rewind((t.offset - 1, []))
 
     def pipelined(k=8):
@@ -76,14 +84,14 @@ def target_costs(model, vocab: int, context: int, n: int) -> dict:
 
     def chain(T):
         def go():
-            out = t.verify(list(range(1, T + 1)))
+            out = timed_build(f"verify_{T}", lambda: t.verify(list(range(1, T + 1))))
             mx.eval(mx.argmax(out.logits, axis=-1))
             t.commit(1)
             t.rewind((t.offset - 1, []))
         return go
 
     def tree():
-        out = t.verify_tree(list(range(16)), TREE_15)
+        out = timed_build("tree_16", lambda: t.verify_tree(list(range(16)), TREE_15))
         mx.eval(mx.argmax(out.logits, axis=-1))
         t.commit_tree([0, 1, 2])
         t.rewind((t.offset - 3, []))
@@ -92,6 +100,8 @@ def target_costs(model, vocab: int, context: int, n: int) -> dict:
     for T in (2, 8, 16):
         out[f"verify_{T}"] = per_call_ms(chain(T), n)
     out["tree_16"] = per_call_ms(tree, n)
+    calls = {"step": n + 3, "verify_2": n + 3, "verify_8": n + 3, "verify_16": n + 3, "tree_16": n + 3}
+    out.update({f"build_{k}": round(v * 1e3 / calls[k], 3) for k, v in built.items()})
     return out
 
 
@@ -118,16 +128,26 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--label", default="")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model and few calls: a check of the script")
+    ap.add_argument("--dispatch", action="store_true",
+                    help="also time the Target with each other stable_attention / small_m_gemm setting")
+    ap.add_argument("--dtype", help="the model's dtype (default bfloat16; float32 with --tiny)")
     ap.add_argument("--n", type=int, default=48, help="timed calls per measurement")
+    ap.add_argument("--rows", type=int, nargs="*", default=[1, 64, 256], help="batched data-step widths to time")
     a = ap.parse_args()
     cfg = TINY if a.tiny else SMOLLM2
-    model = build(cfg, mx.float32 if a.tiny else mx.bfloat16)
+    model = build(cfg, getattr(mx, a.dtype or ("float32" if a.tiny else "bfloat16")))
     n = 4 if a.tiny else a.n
     row = {"label": a.label, "device": str(mx.default_device()),
            "mlx_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MLX_")}}
     t0 = time.perf_counter()
     row.update(target_costs(model, cfg["vocab_size"], 16 if a.tiny else 300, n))
-    for rows in ((4,) if a.tiny else (1, 64, 256)):
+    if a.dispatch:  # the same work under each other stable_attention / small_m_gemm pair, in this process
+        cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+        pairs = [(s, m) for s in (True, False) for m in ((True, False) if cuda else (False,)) if (s, m) != (cuda, cuda)]
+        for stable, small in pairs:
+            row[f"stable={int(stable)},small_m={int(small)}"] = target_costs(
+                model, cfg["vocab_size"], 16 if a.tiny else 300, n, stable_attention=stable, small_m_gemm=small)
+    for rows in ((4,) if a.tiny else a.rows):
         row[f"batch_{rows}"] = batch_step_ms(model, cfg["vocab_size"], rows, 16 if a.tiny else 128, n)
     row["seconds"] = round(time.perf_counter() - t0, 1)
     line = json.dumps(row)
