@@ -24,6 +24,7 @@ from harness import blas
 blas.select()
 
 import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
 from mlx_lm.models import llama  # noqa: E402
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
@@ -105,6 +106,29 @@ def target_costs(model, vocab: int, context: int, n: int, **dispatch) -> dict:
     return out
 
 
+def op_build_us(cfg: dict, dtype, n: int = 20000) -> dict:
+    # The host's cost of building (not running) one op of each kind a decoder layer calls, microseconds.
+    H, D = cfg["num_attention_heads"], cfg["hidden_size"] // cfg["num_attention_heads"]
+    x = mx.zeros((1, H, 1, D), dtype=dtype)
+    h = mx.zeros((1, 1, cfg["hidden_size"]), dtype=dtype)
+    w = mx.ones((cfg["hidden_size"],), dtype=dtype)
+    lin = nn.Linear(cfg["hidden_size"], cfg["hidden_size"], bias=False)
+    lin.set_dtype(dtype)
+    mx.eval(x, h, w, lin.parameters())
+    ops = {"add": lambda: h + h,
+           "linear": lambda: lin(h),
+           "fast.rms_norm": lambda: mx.fast.rms_norm(h, w, 1e-5),
+           "fast.rope": lambda: mx.fast.rope(x, D, traditional=False, base=cfg["rope_theta"], scale=1.0, offset=300),
+           "fast.sdpa": lambda: mx.fast.scaled_dot_product_attention(x, x, x, scale=1.0)}
+    out = {}
+    for name, op in ops.items():
+        t0 = time.perf_counter()
+        for _ in range(n):
+            op()
+        out[name] = round((time.perf_counter() - t0) * 1e6 / n, 2)
+    return out
+
+
 def batch_step_ms(model, vocab: int, rows: int, context: int, n: int) -> float:
     # One decode step of `rows` sequences in mlx-lm's BatchKVCache (train/batch_decode.py's step).
     cache = [BatchKVCache([0] * rows) for _ in make_prompt_cache(model)]
@@ -149,6 +173,7 @@ def main() -> None:
                 model, cfg["vocab_size"], 16 if a.tiny else 300, n, stable_attention=stable, small_m_gemm=small)
     for rows in ((4,) if a.tiny else a.rows):
         row[f"batch_{rows}"] = batch_step_ms(model, cfg["vocab_size"], rows, 16 if a.tiny else 128, n)
+    row["op_build_us"] = op_build_us(cfg, model.model.embed_tokens.weight.dtype, 200 if a.tiny else 20000)
     row["seconds"] = round(time.perf_counter() - t0, 1)
     line = json.dumps(row)
     print(line, flush=True)
