@@ -34,6 +34,10 @@ fi
 EOF
     sed -n '4,$p' ../shared/gpu/activate.sh
     cat <<'EOF'
+# A compiled-kernel cache stashed from .gpu/ptx (jobs/ptx-cache.sh): unpacked once per machine.
+if [ -f /root/stash/ptx-cache.tgz ] && [ ! -f /tmp/.ptx-cache-restored ]; then
+  bash "$here/../../jobs/ptx-cache.sh" restore /root/stash/ptx-cache.tgz && touch /tmp/.ptx-cache-restored
+fi
 # Wheels moved out to .gpu/cx (below) and stashed: installed once into the assembled site.
 if ls /root/stash/*.whl >/dev/null 2>&1 && [ -d /tmp/site/mlx ] && [ ! -f /tmp/site/.stashed-wheels ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site /root/stash/*.whl &&

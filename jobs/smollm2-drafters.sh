@@ -19,6 +19,8 @@
 #   25   bash .gpu/cx/stash.sh                                  carry .gpu/cx (the prompt-data wheels)
 #   26   source .gpu/c/activate.sh && bash jobs/smollm2-drafters.sh data train   carry .gpu/c .gpu/job
 #   27   source .gpu/env/activate.sh && bash jobs/smollm2-drafters.sh measure     carry .gpu/env
+# With a kernel cache an earlier session brought back (`bash jobs/ptx-cache.sh stage ptx-cache.tgz`), one
+# more stash call (`bash .gpu/ptx/stash.sh`, carry .gpu/ptx) spares the new machine MLX's CUDA compiles.
 # A stash call costs ~3 s of device time on a warm machine. DEQ=1 measures dequantized copies
 # of the drafters (run 4's check of MLX's per-shape CUDA JIT of quantized matmuls).
 # Every artifact goes to $OUT in the step that makes it (one file per drafter, each < 16 MiB):
@@ -159,6 +161,8 @@ measure() {  # each method paired with base, the bf16 exports on a bf16 target (
     python -m report "$W/cells" > "$W/cells/report.txt" 2>&1
     tar -C "$W" -czf "$OUT/records.tgz" cells
   done
+  # the kernels these cells compiled, for the next fresh machine (jobs/ptx-cache.sh stage, then stash)
+  [ "$TINY" = 1 ] || bash jobs/ptx-cache.sh save "$OUT/ptx-cache.tgz" || true
 }
 
 status=0  # a failed step does not stop the next (each brings back what it made); the exit says it failed
