@@ -7,8 +7,13 @@ weights), driven through the harness's own Target (shape-stable attention, tree 
 MLX's CUDA backend records kernels into CUDA graphs of MLX_MAX_OPS_PER_BUFFER nodes and keeps
 the instantiated graphs in a cache of MLX_CUDA_GRAPH_CACHE_SIZE entries keyed by topology, which
 it empties whole when it overflows. Both are read once per process, so run this script once per
-setting (jobs/graph-env.sh does) and compare the lines. Off CUDA it runs the same work (tiny
-settings for a check of the script itself: --tiny).
+setting (jobs/graph-env.sh does) and compare the lines; a machine still compiling kernels gets
+faster from one process to the next, so give each setting twice, interleaved (A B A B).
+
+Each line also holds the host's time to build each call's lazy graph (`build_*`), one op's build
+cost by kind (`op_build_us`), and with --dispatch the Target's costs under each other
+stable-attention / few-row-GEMM pair. Off CUDA it runs the same work (--tiny: a check of the
+script itself).
 """
 
 from __future__ import annotations
@@ -101,8 +106,7 @@ def target_costs(model, vocab: int, context: int, n: int, **dispatch) -> dict:
     for T in (2, 8, 16):
         out[f"verify_{T}"] = per_call_ms(chain(T), n)
     out["tree_16"] = per_call_ms(tree, n)
-    calls = {"step": n + 3, "verify_2": n + 3, "verify_8": n + 3, "verify_16": n + 3, "tree_16": n + 3}
-    out.update({f"build_{k}": round(v * 1e3 / calls[k], 3) for k, v in built.items()})
+    out.update({f"build_{k}": round(v * 1e3 / (n + 3), 3) for k, v in built.items()})  # per call, warm-ups included
     return out
 
 
