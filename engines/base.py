@@ -82,6 +82,8 @@ class Round:
     scores: mx.array | None = None  # [V] log-probabilities of a one-token round, where an external arm gives them
     with_first: bool = False  # arrived with the first token (an outside loop's first round): its time is in
     #                           the time to first token, so its tokens are not decode tokens
+    host: dict[str, float] | None = None  # per-phase seconds the host spent before the phase's barrier
+    #                                       (building its graph, and any reads inside it), when profiling
 
 
 class NullProfiler:

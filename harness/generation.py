@@ -106,6 +106,9 @@ def round_table(gen: Generation) -> dict:
     if phases:
         table["phase_ms"] = {p: [round((r.phases or {}).get(p, 0.0) * 1e3, 4) for r in gen.rounds]
                              for p in phases}
+    if any(r.host for r in gen.rounds):  # each phase's host time before its barrier (harness/loop.py Profiler)
+        table["phase_host_ms"] = {p: [round((r.host or {}).get(p, 0.0) * 1e3, 4) for r in gen.rounds]
+                                  for p in phases}
     return table
 
 

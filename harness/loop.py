@@ -33,20 +33,26 @@ STREAM = generation_stream
 
 
 class Profiler:
-    """Per-phase wall time of one round; mark() closes the phase that just ran."""
+    """Per-phase wall time of one round; mark() closes the phase that just ran. `host` holds the
+    part of each phase spent before its barrier: building the phase's lazy graph (and any host
+    read inside it). On a GPU the rest is the device's work and MLX's own evaluation; a phase
+    whose time is nearly all host is bound by the Python that builds it."""
 
     enabled = True
 
     def start(self) -> None:
         self.times: dict[str, float] = {}
+        self.host: dict[str, float] = {}
         self._t = time.perf_counter()
 
     def mark(self, phase: str, *arrays) -> None:
+        built = time.perf_counter()
         arrays = [a for a in arrays if a is not None]
         if arrays:
             mx.eval(*arrays)
         now = time.perf_counter()
         self.times[phase] = self.times.get(phase, 0.0) + (now - self._t)
+        self.host[phase] = self.host.get(phase, 0.0) + (built - self._t)
         self._t = now
 
 
@@ -149,7 +155,7 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
     if prof:
         prof.mark("rollback", engine.state())
     emitted = values[1: min(n + 2, budget + 1)]
-    return Round(draft.k, n, emitted, 0.0, prof.times if prof else None)
+    return Round(draft.k, n, emitted, 0.0, prof.times if prof else None, host=prof.host if prof else None)
 
 
 def _tree_round(engine: Engine, draft: Draft, logits, sampler: Sampler, pos: int, prof: Profiler | None,
@@ -166,4 +172,5 @@ def _tree_round(engine: Engine, draft: Draft, logits, sampler: Sampler, pos: int
     if prof:
         prof.mark("rollback", engine.state())
     emitted = [*(nodes[i] for i in path), bonus][:budget]
-    return Round(depth, len(path), emitted, 0.0, prof.times if prof else None, tree_size=draft.k)
+    return Round(depth, len(path), emitted, 0.0, prof.times if prof else None, tree_size=draft.k,
+                 host=prof.host if prof else None)

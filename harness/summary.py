@@ -129,12 +129,13 @@ def base_step(items: list[dict]) -> dict | None:
     return {"round_ms": sum(means.values()), "verify_ms": means.get("verify", 0.0)}
 
 
-def phase_means(items: list[dict]) -> dict[str, float]:
-    """Mean ms per round of each profiled phase, over every profiled round of the cell."""
+def phase_means(items: list[dict], key: str = "phase_ms") -> dict[str, float]:
+    """Mean ms per round of each profiled phase, over every profiled round of the cell; key
+    "phase_host_ms": of each phase's host time before its barrier (records since 2026-12-05)."""
     totals: dict[str, float] = {}
     rounds = 0
     for i in items:
-        phases = i["rounds_detail"].get("phase_ms")
+        phases = i["rounds_detail"].get(key)
         if not phases:
             continue
         rounds += len(i["rounds_detail"]["drafted"])

@@ -15,9 +15,9 @@ from harness.records import scan_records
 from report import plots
 from report.frames import (DEPTH_BIN, accept_hists, along, axis_values, bench_of, categories, cells, depth,
                            outside_arms, profiles, prompts, sampled)
-from report.tables import (CATEGORY_CAPTION, arch_tables, category_tables, context_table, depth_summary_table,
-                           divergence_table, model_table, outside_table, profile_table, resources_table,
-                           temperature_table)
+from report.tables import (CATEGORY_CAPTION, HOST_CAPTION, arch_tables, category_tables, context_table,
+                           depth_summary_table, divergence_table, host_table, model_table, outside_table,
+                           profile_table, resources_table, temperature_table)
 
 
 def _distinct(records, get) -> str:
@@ -210,11 +210,20 @@ def _write_into(root: Path, out: Path) -> pd.DataFrame:
            "## Divergence from the reference", "", DIVERGENCE_CAPTION + _sampled_note(records), "", divergence_table(pr),
            "## Memory and round cost", "", RESOURCES_CAPTION, "", resources_table(df),
            "## Per-round profile (mean ms per round)", "", profile_table(prof),
+           *host_section(records, prof),
            "## Speedup model", "", MODEL_CAPTION, "", model_table(df),
            "## Plots", "", *[f"![{p.stem}]({p.name})" for p in pngs], "",
            *unread_section(root, unread)]
     (out / "report.md").write_text("\n".join(doc))
     return df
+
+
+def host_section(records, prof: pd.DataFrame) -> list[str]:
+    # Host time before each phase's barrier, for cells whose records hold it.
+    host = profiles(records, "phase_host_ms")
+    if host.empty:
+        return []
+    return ["### Host time before each barrier", "", HOST_CAPTION, "", host_table(host, prof)]
 
 
 DEPTH_CAPTION = (

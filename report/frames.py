@@ -177,14 +177,15 @@ def prompts(root: Path, records=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def profiles(records) -> pd.DataFrame:
-    """Mean ms per round of each phase, one row per cell that was profiled."""
+def profiles(records, key: str = "phase_ms") -> pd.DataFrame:
+    """Mean ms per round of each phase, one row per cell that was profiled; key "phase_host_ms":
+    of each phase's host time before its barrier (cells recorded without it are left out)."""
     labels = cell_labels(records)
     rows = []
     for _, rec in records:
         if rec.get("status") != "ok":
             continue
-        means = phase_means(rec.get("prompts", []))
+        means = phase_means(rec.get("prompts", []), key)
         if means:
             rows.append({**_keys(rec, labels), "cell_id": rec["cell_id"], **means})
     return pd.DataFrame(rows)

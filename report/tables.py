@@ -145,6 +145,30 @@ def profile_table(prof: pd.DataFrame) -> str:
     return _md(rows, keys[:2] + ["block", "kv"] + [f"{p} ms" for p in phases] + ["round ms"]) + "\n"
 
 
+HOST_CAPTION = (
+    "Each phase's host time before its barrier, against the phase's whole time (host ms / ms, mean per round): "
+    "building the phase's lazy graph in Python, and any host read inside it (the accept phase reads the "
+    "round's outcome; an EAGLE-3 tree expansion reads its scores at each depth). The rest is MLX's evaluation: "
+    "on a CPU the arithmetic, on a GPU the kernels and their launches. A phase with no read inside it whose time "
+    "is nearly all host is bound by the Python that builds it, whatever the device; a phase that reads inside "
+    "counts its waits as host time.")
+
+
+def host_table(host: pd.DataFrame, prof: pd.DataFrame) -> str:
+    # host: profiles(records, "phase_host_ms"); prof: profiles(records), for each phase's whole time.
+    keys = ["arch", "method", "block_size", "kv"]
+    whole = prof.set_index("cell_id")
+    phases = [c for c in host.columns if c not in keys + ["cell_id"]]
+    rows = []
+    for _, r in host.sort_values(keys, na_position="first").iterrows():
+        total = whole.loc[r["cell_id"]]
+        cells = [f"{_fmt(r[p], '.2f')} / {_fmt(total.get(p), '.2f')}" for p in phases]
+        h, t = (sum(v for v in vals if not pd.isna(v)) for vals in ([r[p] for p in phases], [total.get(p) for p in phases]))
+        rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"], *cells,
+                     f"{h:.2f} / {t:.2f}", _fmt(h / t if t else None, ".0%")])
+    return _md(rows, keys[:2] + ["block", "kv"] + phases + ["round", "host share"]) + "\n"
+
+
 def model_table(df: pd.DataFrame) -> str:
     sub = df[(df["status"] == "ok") & df["verify_cost_ratio"].notna()]
     if sub.empty:
