@@ -35,8 +35,9 @@ STREAM = generation_stream
 class Profiler:
     """Per-phase wall time of one round; mark() closes the phase that just ran. `host` holds the
     part of each phase spent before its barrier: building the phase's lazy graph (and any host
-    read inside it). On a GPU the rest is the device's work and MLX's own evaluation; a phase
-    whose time is nearly all host is bound by the Python that builds it."""
+    read inside it, waits included). On a GPU the rest is the device's work and MLX's own
+    evaluation; a phase with no read inside it whose time is nearly all host is bound by the
+    Python that builds it."""
 
     enabled = True
 
