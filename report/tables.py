@@ -132,17 +132,28 @@ def conditions_line(df: pd.DataFrame) -> str:
     return "".join(f"{n}\n\n" for n in notes)
 
 
+PROFILE_KEYS = ["arch", "method", "block_size", "kv"]
+
+
+def _phase_columns(prof: pd.DataFrame) -> list[str]:
+    # A profiles() frame's phase columns: every column but the cell's keys.
+    return [c for c in prof.columns if c not in PROFILE_KEYS + ["cell_id"]]
+
+
+def _round_sum(vals) -> float:
+    return sum(v for v in vals if not pd.isna(v))
+
+
 def profile_table(prof: pd.DataFrame) -> str:
     if prof.empty:
         return "_No profiled cells (bench.profile=false)._\n"
-    keys = ["arch", "method", "block_size", "kv"]
-    phases = [c for c in prof.columns if c not in keys + ["cell_id"]]
+    phases = _phase_columns(prof)
     rows = []
-    for _, r in prof.sort_values(keys, na_position="first").iterrows():
+    for _, r in prof.sort_values(PROFILE_KEYS, na_position="first").iterrows():
         vals = [r[p] for p in phases]
         rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"],
-                     *[_fmt(v, ".3f") for v in vals], _fmt(sum(v for v in vals if not pd.isna(v)), ".3f")])
-    return _md(rows, keys[:2] + ["block", "kv"] + [f"{p} ms" for p in phases] + ["round ms"]) + "\n"
+                     *[_fmt(v, ".3f") for v in vals], _fmt(_round_sum(vals), ".3f")])
+    return _md(rows, ["arch", "method", "block", "kv"] + [f"{p} ms" for p in phases] + ["round ms"]) + "\n"
 
 
 HOST_CAPTION = (
@@ -156,17 +167,16 @@ HOST_CAPTION = (
 
 def host_table(host: pd.DataFrame, prof: pd.DataFrame) -> str:
     # host: profiles(records, "phase_host_ms"); prof: profiles(records), for each phase's whole time.
-    keys = ["arch", "method", "block_size", "kv"]
     whole = prof.set_index("cell_id")
-    phases = [c for c in host.columns if c not in keys + ["cell_id"]]
+    phases = _phase_columns(host)
     rows = []
-    for _, r in host.sort_values(keys, na_position="first").iterrows():
+    for _, r in host.sort_values(PROFILE_KEYS, na_position="first").iterrows():
         total = whole.loc[r["cell_id"]]
-        cells = [f"{_fmt(r[p], '.2f')} / {_fmt(total.get(p), '.2f')}" for p in phases]
-        h, t = (sum(v for v in vals if not pd.isna(v)) for vals in ([r[p] for p in phases], [total.get(p) for p in phases]))
-        rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"], *cells,
+        h, t = _round_sum(r[p] for p in phases), _round_sum(total.get(p) for p in phases)
+        rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"],
+                     *[f"{_fmt(r[p], '.2f')} / {_fmt(total.get(p), '.2f')}" for p in phases],
                      f"{h:.2f} / {t:.2f}", _fmt(h / t if t else None, ".0%")])
-    return _md(rows, keys[:2] + ["block", "kv"] + phases + ["round", "host share"]) + "\n"
+    return _md(rows, ["arch", "method", "block", "kv"] + phases + ["round", "host share"]) + "\n"
 
 
 def model_table(df: pd.DataFrame) -> str:

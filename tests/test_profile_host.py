@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from engines.sampling import Sampler
-from engines.target import Target
-from harness.generation import round_table, run_generation
+from harness.generation import round_table
 from report.document import host_section
 from report.frames import profiles
-from tests.helpers import Oracle, base_engine, generate_ids
-from tests.test_lossless import _units
 from tests.test_report_axes import _record
-
-K = 3
+from tests.test_round_accounting import _oracle_run
 
 
 def test_every_profiled_round_splits_each_phase_into_host_time_and_the_rest(models):
-    model, tok = models["llama"]
-    ids = list(_units(tok))[0][1]
-    want = generate_ids(base_engine(model), ids, 12 + 2 * K).tokens
-    gen = run_generation(Oracle(Target(model), K, want, len(ids)), ids, 12, Sampler(0.0, 0), profile=True)
+    gen, _ = _oracle_run(models, 12, profile=True)
     assert gen.rounds
     for r in gen.rounds:
         assert set(r.host) == set(r.phases) >= {"draft", "verify", "accept", "rollback"}
@@ -34,10 +26,7 @@ def test_every_profiled_round_splits_each_phase_into_host_time_and_the_rest(mode
 
 
 def test_unprofiled_rounds_record_no_host_split(models):
-    model, tok = models["llama"]
-    ids = list(_units(tok))[0][1]
-    want = generate_ids(base_engine(model), ids, 12 + 2 * K).tokens
-    gen = run_generation(Oracle(Target(model), K, want, len(ids)), ids, 12, Sampler(0.0, 0))
+    gen, _ = _oracle_run(models, 12)
     assert all(r.host is None for r in gen.rounds) and "phase_host_ms" not in round_table(gen)
 
 

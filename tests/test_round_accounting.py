@@ -12,11 +12,12 @@ from tests.test_lossless import _units
 K = 3
 
 
-def _oracle_run(models, budget, stop=frozenset(), unit=0):
+def _oracle_run(models, budget, stop=frozenset(), unit=0, profile=False):
     model, tok = models["llama"]
     ids = list(_units(tok))[unit][1]
     want = generate_ids(base_engine(model), ids, budget + 2 * K).tokens  # drafts run past the budget
-    gen = run_generation(Oracle(Target(model), K, want, len(ids)), ids, budget, Sampler(0.0, 0), stop_tokens=stop)
+    gen = run_generation(Oracle(Target(model), K, want, len(ids)), ids, budget, Sampler(0.0, 0), profile=profile,
+                         stop_tokens=stop)
     return gen, want
 
 
