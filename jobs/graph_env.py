@@ -33,6 +33,7 @@ import mlx.nn as nn  # noqa: E402
 from mlx_lm.models import llama  # noqa: E402
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
+import engines.dispatch as dispatch_module  # noqa: E402
 from engines.target import Target  # noqa: E402
 
 SMOLLM2 = dict(model_type="llama", hidden_size=576, num_hidden_layers=30, intermediate_size=1536,
@@ -43,9 +44,13 @@ TINY = dict(SMOLLM2, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
 TREE_15 = [-1, 0, 1, 2, 1, 0, 5, -1, 7, 8, 7, -1, 11, -1, 13]  # 15 nodes, 4 deep: an EAGLE-3 4/4/15 shape
 
 
-def build(cfg: dict, dtype) -> llama.Model:
+def build(cfg: dict, dtype, bits: int = 0) -> llama.Model:
+    """Random weights in `dtype`; with `bits`, quantized in groups of 32 as the Q4_1 / Q8_0 GGUF
+    import leaves SmolLM2 (the few-row GEMM then never applies)."""
     model = llama.Model(llama.ModelArgs(**cfg))
     model.set_dtype(dtype)
+    if bits:
+        nn.quantize(model, group_size=32, bits=bits)
     mx.eval(model.parameters())
     return model
 
@@ -98,8 +103,8 @@ def target_costs(model, vocab: int, context: int, n: int, **dispatch) -> dict:
             t.rewind(start)
         return go
 
-    def tree():
-        out = timed_build("tree_16", lambda: t.verify_tree(list(range(16)), TREE_15))
+    def tree(name="tree_16"):
+        out = timed_build(name, lambda: t.verify_tree(list(range(16)), TREE_15))
         mx.eval(mx.argmax(out.logits, axis=-1))
         t.commit_tree([0, 1, 2])
         t.rewind(start)
@@ -108,6 +113,12 @@ def target_costs(model, vocab: int, context: int, n: int, **dispatch) -> dict:
     for T in (2, 8, 16):
         out[f"verify_{T}"] = per_call_ms(chain(T), n)
     out["tree_16"] = per_call_ms(tree, n)
+    additive = dispatch_module.additive  # the tree mask as it was before 2026-12-06: boolean, converted by MLX in every layer
+    dispatch_module.additive = lambda mask, dtype, masks=None: mask
+    try:
+        out["tree_16_bool_mask"] = per_call_ms(lambda: tree("tree_16_bool_mask"), n)
+    finally:
+        dispatch_module.additive = additive
     out.update({f"build_{k}": round(v * 1e3 / (n + 3), 3) for k, v in built.items()})  # per call, warm-ups included
     return out
 
@@ -161,13 +172,15 @@ def main() -> None:
     ap.add_argument("--dispatch", action="store_true",
                     help="also time the Target with each other stable_attention / small_m_gemm setting")
     ap.add_argument("--dtype", help="the model's dtype (default bfloat16; float32 with --tiny)")
+    ap.add_argument("--bits", type=int, default=0, choices=(0, 4, 8),
+                    help="quantize the weights (4: as the packaged Q4_1 SmolLM2 loads); 0 keeps them floating")
     ap.add_argument("--n", type=int, default=48, help="timed calls per measurement")
     ap.add_argument("--rows", type=int, nargs="*", default=[1, 64, 256], help="batched data-step widths to time")
     a = ap.parse_args()
     cfg = TINY if a.tiny else SMOLLM2
-    model = build(cfg, getattr(mx, a.dtype or ("float32" if a.tiny else "bfloat16")))
+    model = build(cfg, getattr(mx, a.dtype or ("float32" if a.tiny else "bfloat16")), a.bits)
     n = 4 if a.tiny else a.n
-    row = {"label": a.label, "device": str(mx.default_device()),
+    row = {"label": a.label, "device": str(mx.default_device()), "bits": a.bits,
            "mlx_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MLX_")}}
     t0 = time.perf_counter()
     row.update(target_costs(model, cfg["vocab_size"], 16 if a.tiny else 300, n))
@@ -179,7 +192,7 @@ def main() -> None:
                 model, cfg["vocab_size"], 16 if a.tiny else 300, n, stable_attention=stable, small_m_gemm=small)
     for rows in ((4,) if a.tiny else a.rows):
         row[f"batch_{rows}"] = batch_step_ms(model, cfg["vocab_size"], rows, 16 if a.tiny else 128, n)
-    row["op_build_us"] = op_build_us(cfg, model.model.embed_tokens.weight.dtype, 200 if a.tiny else 20000)
+    row["op_build_us"] = op_build_us(cfg, model.model.norm.weight.dtype, 200 if a.tiny else 20000)
     row["seconds"] = round(time.perf_counter() - t0, 1)
     line = json.dumps(row)
     print(line, flush=True)

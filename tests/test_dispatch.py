@@ -134,3 +134,23 @@ def test_report_names_cells_that_set_dispatch_apart():
     assert _keys(rec, {"x": ("llama", "")})["method"] == "dflash_a vs dflash_zlab"
     rec["cell"]["dispatch"] = {"stage_every": 4}
     assert _keys(rec, {"x": ("llama", "")})["method"] == "dflash_a vs dflash_zlab [stage_every=4]"
+
+
+def test_a_tree_verify_passes_one_additive_mask_to_every_layer(models, monkeypatch):
+    # MLX's CUDA attention converts a boolean mask in every call; the bucketed path converts it once
+    model, tok = models["llama"]
+    ids = next(_units(tok))[1]
+    masks = []
+    real = mx.fast.scaled_dot_product_attention
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention",
+                        lambda q, k, v, mask=None, **kw: masks.append(mask) or real(q, k, v, mask=mask, **kw))
+    logits = {}
+    for on in (False, True):
+        t = Target(model, stable_attention=on)
+        t.prefill(ids)
+        masks.clear()
+        logits[on] = t.verify_tree([5, 6, 7, 8, 9], [-1, 0, 0, 1]).logits
+        mx.eval(logits[on])
+    assert len(masks) == len(decoder(model).layers) and len({id(m) for m in masks}) == 1
+    assert masks[0].dtype == mx.float32 and masks[0].shape[-1] == 256  # the fixture computes in float32
+    assert mx.array_equal(logits[True], logits[False]).item()

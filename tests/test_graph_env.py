@@ -12,13 +12,15 @@ ROOT = Path(__file__).parent.parent
 
 def test_tiny_run_writes_each_cost_and_the_dispatch_variant(tmp_path):
     out = tmp_path / "costs.jsonl"
-    r = subprocess.run([sys.executable, "jobs/graph_env.py", "--tiny", "--dispatch", "--label", "t", "--out", str(out)],
+    r = subprocess.run([sys.executable, "jobs/graph_env.py", "--tiny", "--dispatch", "--bits", "4", "--label", "t",
+                        "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     row = json.loads(out.read_text().splitlines()[-1])
-    costs = ["step", "step_pipelined", "verify_2", "verify_8", "verify_16", "tree_16"]
-    builds = ["build_step", "build_verify_2", "build_verify_8", "build_verify_16", "build_tree_16"]
-    assert row["label"] == "t" and all(row[k] > 0 for k in costs + builds + ["batch_4"])
+    costs = ["step", "step_pipelined", "verify_2", "verify_8", "verify_16", "tree_16", "tree_16_bool_mask"]
+    builds = ["build_step", "build_verify_2", "build_verify_8", "build_verify_16", "build_tree_16",
+              "build_tree_16_bool_mask"]
+    assert row["label"] == "t" and row["bits"] == 4 and all(row[k] > 0 for k in costs + builds + ["batch_4"])
     assert set(row["op_build_us"]) == {"add", "linear", "fast.rms_norm", "fast.rope", "fast.sdpa"}
     variant = row["stable=1,small_m=0"]  # off CUDA the one other pair: shape-stable attention forced on
     assert all(variant[k] > 0 for k in costs + builds)
