@@ -186,7 +186,8 @@ def main() -> None:
     row.update(target_costs(model, cfg["vocab_size"], 16 if a.tiny else 300, n))
     if a.dispatch:  # the same work under each other stable_attention / small_m_gemm pair, in this process
         cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
-        pairs = [(s, m) for s in (True, False) for m in ((True, False) if cuda else (False,)) if (s, m) != (cuda, cuda)]
+        routed = (True, False) if cuda and not a.bits else (cuda,)  # quantized weights: no Linear to route
+        pairs = [(s, m) for s in (True, False) for m in routed if (s, m) != (cuda, cuda)]
         for stable, small in pairs:
             row[f"stable={int(stable)},small_m={int(small)}"] = target_costs(
                 model, cfg["vocab_size"], 16 if a.tiny else 300, n, stable_attention=stable, small_m_gemm=small)
