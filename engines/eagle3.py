@@ -431,8 +431,6 @@ class _Node:
     parent: int  # node index, -1 = root (the pending token)
     score: float  # cumulative log-probability
     depth: int
-    feature: mx.array | None = None  # [1, 1, H] the drafter output after this node was processed
-    kv_slot: int = -1  # which tree entry of the drafter cache this node owns once expanded
 
 
 class Eagle3(Engine):
@@ -502,59 +500,73 @@ class Eagle3(Engine):
         self.prof.mark("tree_expand", draft.tokens)
         return draft
 
-    def _expand(self, nodes: list[_Node], frontier: list[int], tokens: mx.array, pos: int, n_prev: int) -> mx.array:
-        """One drafter step for the frontier nodes, all at position `pos`, their K/V appended to
-        the drafter cache after the n_prev tree entries already there; [1, F, H]."""
-        F = len(frontier)
-        e = self._embed(mx.take(tokens, mx.array(frontier))[None])  # [1, F, H]
-        feats = mx.concatenate([nodes[nodes[f].parent].feature if nodes[f].parent >= 0 else self._root
-                                for f in frontier], axis=1)
-        tree = [[False] * n_prev for _ in frontier]
-        for row, f in zip(tree, frontier):  # each node sees its ancestors' entries (one walk per node)
-            p = nodes[f].parent
-            while p >= 0:
-                row[nodes[p].kv_slot] = True
-                p = nodes[p].parent
+    def _expand(self, tokens: mx.array, feats: mx.array, ancestors: mx.array, pos: int) -> mx.array:
+        """One drafter step for the F frontier nodes, all at position `pos`: tokens [F] (target ids),
+        the features that predicted them [1, F, H], ancestors [F, n_prev] marking which of the
+        n_prev tree entries already in the drafter cache each node descends from. Their K/V are
+        appended after those entries; returns [1, F, H]."""
+        F, n_prev = ancestors.shape
         context = self.dcache[0].offset - n_prev
-        nodes_part = mx.concatenate([mx.array(tree, dtype=mx.bool_).reshape(F, n_prev), mx.eye(F, dtype=mx.bool_)],
-                                    axis=1)
+        nodes_part = mx.concatenate([ancestors, mx.eye(F, dtype=mx.bool_)], axis=1)  # ancestors, and itself
 
         def mask(window):  # [F, C + n_prev + F]: the committed context (within a window), ancestors, self
             seen = mx.ones((F, context), dtype=mx.bool_) if not window else \
                 mx.broadcast_to(pos - mx.arange(context) < window, (F, context))
             return mx.concatenate([seen, nodes_part], axis=1)
 
-        out = self.drafter.step(e, feats, self.dcache, pos, tree=mask)
-        feature = self.drafter.next_feature(out)
-        for j, f in enumerate(frontier):
-            nodes[f].feature, nodes[f].kv_slot = feature[:, j:j + 1], n_prev + j
-        return out
+        return self.drafter.step(self._embed(tokens[None]), feats, self.dcache, pos, tree=mask)
+
+    def _children(self, h: mx.array, parent_scores: mx.array) -> tuple[mx.array, mx.array]:
+        """The top_k children of each of F nodes from the drafter's outputs h [F, H]: their target
+        ids [F * k] and cumulative scores [F * k] (parent's score + log-probability), row by row."""
+        lp = self.drafter.logprobs(h, self.target.model)  # [F, Vd]
+        top = mx.argsort(-lp, axis=-1)[:, : self.top_k]  # [F, k], best first
+        scores = mx.take_along_axis(lp, top, axis=-1) + parent_scores[:, None]
+        return self.drafter.to_target(top).reshape(-1), scores.reshape(-1)
 
     def _tree(self, history, root, depth) -> Draft:
-        self._root = self.drafter.next_feature(root)
-        pending_pos = len(history) - 1
-        lp = self.drafter.logprobs(root[0, 0], self.target.model)  # [Vd]
-        top = mx.argsort(-lp)[: self.top_k]
-        ids = [self.drafter.to_target(top)]  # node i's target id is concat(ids)[i]; ids stay on the device
-        nodes = [_Node(-1, s, 1) for s in lp[top].tolist()]
-        frontier, n_prev = list(range(len(nodes))), 0
+        """EAGLE-2's tree, selected on the device: each level's frontier (its top_k nodes by score),
+        their ancestor masks and features stay device arrays, and the host reads the scores once,
+        after the last level, to pick the total_tokens best nodes (_select)."""
+        k, pending_pos = self.top_k, len(history) - 1
+        tokens, scores = self._children(root[0], mx.zeros((1,)))  # level 1: the root's children [k]
+        levels, frontiers = [(tokens, scores)], []  # frontiers[i]: which nodes of level i + 1 were expanded
+        frontier, feats = mx.arange(k), mx.repeat(self.drafter.next_feature(root), k, axis=1)  # [k], [1, k, H]
+        ancestors = mx.zeros((k, 0), dtype=mx.bool_)
         for d in range(2, depth + 1):
-            out = self._expand(nodes, frontier, mx.concatenate(ids), pending_pos + d - 2, n_prev)  # [1, F, H]
-            n_prev += len(frontier)
-            lp = self.drafter.logprobs(out[0], self.target.model)  # [F, Vd]
-            top = mx.argsort(-lp, axis=-1)[:, : self.top_k]  # [F, k]
-            scores = mx.take_along_axis(lp, top, axis=-1) + mx.array([nodes[f].score for f in frontier])[:, None]
-            ids.append(self.drafter.to_target(top).reshape(-1))
-            first = len(nodes)
-            for f, row in zip(frontier, scores.tolist()):  # the depth's one host read
-                nodes += [_Node(f, s, d) for s in row]
-            new = sorted(range(first, len(nodes)), key=lambda i: (-nodes[i].score, i))
-            frontier = sorted(new[: self.top_k])
-        keep = sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, i))[: self.total])
-        keep = self._best_first(nodes, self._close_under_ancestors(nodes, keep))
+            out = self._expand(mx.take(tokens, frontier), feats, ancestors, pending_pos + d - 2)  # [1, F, H]
+            frontiers.append(frontier)
+            tokens, scores = self._children(out[0], mx.take(scores, frontier))  # level d: [F * k]
+            levels.append((tokens, scores))
+            if d < depth:  # the next frontier: this level's k best, in node order; parent = row // k
+                frontier = mx.sort(mx.argsort(-scores)[:k])
+                parent = frontier // k
+                own = mx.eye(ancestors.shape[0], dtype=mx.bool_)[parent]  # the parent's own entry
+                ancestors = mx.concatenate([ancestors[parent], own], axis=1)  # [k, n_prev + F]
+                feats = mx.take(self.drafter.next_feature(out), parent, axis=1)
+        level_scores = [s for _, s in levels]
+        mx.eval(level_scores, frontiers)  # the round's one host read of the tree
+        nodes = self._nodes([s.tolist() for s in level_scores], [f.tolist() for f in frontiers])
+        keep = self._select(nodes)
         index = {old: new for new, old in enumerate(keep)}
-        return Draft(mx.take(mx.concatenate(ids), mx.array(keep)),
+        return Draft(mx.take(mx.concatenate([t for t, _ in levels]), mx.array(keep)),
                      parents=[index[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in keep])
+
+    def _nodes(self, level_scores: list[list[float]], frontiers: list[list[int]]) -> list[_Node]:
+        """Every drafted node in level order, as concat(levels) numbers them: level d + 1's node
+        r * k + j is child j of level d's node frontiers[d - 1][r]."""
+        nodes = [_Node(-1, s, 1) for s in level_scores[0]]
+        start = 0  # level d's first node index
+        for d, (scores, frontier) in enumerate(zip(level_scores[1:], frontiers), start=2):
+            nodes += [_Node(start + frontier[i // self.top_k], s, d) for i, s in enumerate(scores)]
+            start += len(level_scores[d - 2])
+        return nodes
+
+    def _select(self, nodes: list[_Node]) -> list[int]:
+        """The total_tokens best nodes by score (ties: the lower index), closed under ancestors,
+        depth first with the best child first (_best_first)."""
+        keep = sorted(sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, i))[: self.total])
+        return self._best_first(nodes, self._close_under_ancestors(nodes, keep))
 
     @staticmethod
     def _close_under_ancestors(nodes, keep):

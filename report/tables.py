@@ -159,7 +159,7 @@ def profile_table(prof: pd.DataFrame) -> str:
 HOST_CAPTION = (
     "Each phase's host time before its barrier, against the phase's whole time (host ms / ms, mean per round): "
     "building the phase's lazy graph in Python, and any host read inside it (the accept phase reads the "
-    "round's outcome; an EAGLE-3 tree expansion reads its scores at each depth). The rest is MLX's evaluation: "
+    "round's outcome; an EAGLE-3 tree expansion reads its scores once, after its last level). The rest is MLX's evaluation: "
     "on a CPU the arithmetic, on a GPU the kernels and their launches. A phase with no read inside it whose time "
     "is nearly all host is bound by the Python that builds it, whatever the device; a phase that reads inside "
     "counts its waits as host time.")

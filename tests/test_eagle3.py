@@ -195,3 +195,44 @@ def test_a_quantized_drafter_drafts_a_tree_losslessly(models):
     got = generate_ids(eng, ids, NEW_TOKENS)
     assert got.tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
     assert any(r.tree_size > 0 for r in got.rounds)
+
+
+def test_the_tree_is_selected_on_the_device_and_read_once_a_round(models, monkeypatch):
+    # EAGLE-2's policy: each level expands its top_k nodes by cumulative score, and the draft keeps
+    # the total_tokens best; the host reads nothing until one mx.eval after the last level
+    model, tok = models["llama"]
+    eng = Eagle3.build(model, eagle_cfg("llama", depth=4, top_k=3, total_tokens=10))
+    seen, rounds, inside = [], [], [False]
+    real_select, real_tree, real_eval, real_tolist = eng._select, eng._tree, mx.eval, mx.array.tolist
+
+    def tree(*a):
+        rounds.append([])  # what the host did, in order: "eval", or "read" (a host read before any eval)
+        inside[0] = True
+        try:
+            return real_tree(*a)
+        finally:
+            inside[0] = False
+
+    def note(what, fn):
+        def wrapped(*a):
+            if inside[0] and (what == "eval" or "eval" not in rounds[-1]):
+                rounds[-1].append(what)
+            return fn(*a)
+        return wrapped
+    monkeypatch.setattr(eng, "_select", lambda nodes: seen.append(nodes) or real_select(nodes))
+    monkeypatch.setattr(eng, "_tree", tree)
+    monkeypatch.setattr(mx, "eval", note("eval", real_eval))
+    monkeypatch.setattr(mx.array, "tolist", note("read", real_tolist))
+    ids = next(_units(tok))[1]
+    got = generate_ids(eng, ids, 24)
+    assert got.tokens == generate_ids(base_engine(model), ids, 24).tokens and seen
+    assert rounds and all(r == ["eval"] for r in rounds), rounds[:3]
+    for nodes in seen:
+        assert [n.depth for n in nodes] == [1] * 3 + [2] * 9 + [3] * 9 + [4] * 9
+        for d in (1, 2, 3):  # the nodes with children are the level's 3 best
+            level = [i for i, n in enumerate(nodes) if n.depth == d]
+            best = sorted(level, key=lambda i: (-nodes[i].score, i))[:3]
+            assert sorted({n.parent for n in nodes if n.depth == d + 1}) == sorted(best)
+        for n in nodes:
+            if n.parent >= 0:  # a child's score adds its log-probability to its parent's
+                assert n.score <= nodes[n.parent].score + 1e-6
