@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -66,17 +67,20 @@ def per_call_ms(fn, n: int, warm: int = 3) -> float:
 
 def target_costs(model, vocab: int, context: int, n: int, **dispatch) -> dict:
     # One sequence through the harness's Target (dispatch: its stable_attention / small_m_gemm
-    # overrides): a decode step read each time, a pipelined one, chain verifies of 2/8/16 with a
-    # rollback of all but one, a 15-node tree verify with a compaction. `build_*`: the host's time
-    # to build that call's lazy graph, before anything is evaluated.
+    # overrides): a decode step read each time, a pipelined one (per step), chain verifies of
+    # 2/8/16 with a rollback of all but one, a 15-node tree verify with a compaction, and that tree
+    # with its boolean mask as it was before 2026-12-06 (converted by MLX in every layer). The
+    # calls are interleaved, one of each per pass, and each cost is the median over n passes, so a
+    # host that drifts or stalls moves every cost alike. `build_*`: the host's time to build that
+    # call's lazy graph, before anything is evaluated (median).
     t = Target(model, **dispatch)
     t.prefill(mx.random.randint(0, vocab, (context,)).tolist())
-    built: dict[str, float] = {}
+    built: dict[str, list[float]] = {}
 
     def timed_build(name, make):
         t0 = time.perf_counter()
         out = make()
-        built[name] = built.get(name, 0.0) + time.perf_counter() - t0
+        built.setdefault(name, []).append(time.perf_counter() - t0)
         return out
 
     start = t.mark()  # every call below rewinds to the prompt's end
@@ -109,18 +113,33 @@ def target_costs(model, vocab: int, context: int, n: int, **dispatch) -> dict:
         t.commit_tree([0, 1, 2])
         t.rewind(start)
 
-    out = {"step": per_call_ms(step, n), "step_pipelined": round(per_call_ms(pipelined, max(1, n // 8)) / 8, 3)}
-    for T in (2, 8, 16):
-        out[f"verify_{T}"] = per_call_ms(chain(T), n)
-    out["tree_16"] = per_call_ms(tree, n)
-    additive = dispatch_module.additive  # the tree mask as it was before 2026-12-06: boolean, converted by MLX in every layer
-    dispatch_module.additive = lambda mask, dtype, masks=None: mask
-    try:
-        out["tree_16_bool_mask"] = per_call_ms(lambda: tree("tree_16_bool_mask"), n)
-    finally:
-        dispatch_module.additive = additive
-    out.update({f"build_{k}": round(v * 1e3 / (n + 3), 3) for k, v in built.items()})  # per call, warm-ups included
-    return out
+    def tree_bool_mask():
+        additive = dispatch_module.additive
+        dispatch_module.additive = lambda mask, dtype, masks=None: mask
+        try:
+            tree("tree_16_bool_mask")
+        finally:
+            dispatch_module.additive = additive
+
+    calls = {"step": (step, 1), "step_pipelined": (pipelined, 8), **{f"verify_{T}": (chain(T), 1) for T in (2, 8, 16)},
+             "tree_16": (tree, 1), "tree_16_bool_mask": (tree_bool_mask, 1)}
+    return {**interleaved_ms(calls, n),
+            **{f"build_{k}": round(statistics.median(v) * 1e3, 3) for k, v in built.items()}}
+
+
+def interleaved_ms(calls: dict, n: int, warm: int = 3) -> dict:
+    """{name: median ms per unit} over n passes that each run every call once, in turn; calls maps
+    a name to (fn, units per call)."""
+    for fn, _ in calls.values():
+        for _ in range(warm):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(n):
+        for name, (fn, units) in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1e3 / units)
+    return {name: round(statistics.median(v), 3) for name, v in times.items()}
 
 
 def op_build_us(cfg: dict, dtype, n: int = 20000) -> dict:
