@@ -24,3 +24,8 @@ def test_tiny_run_writes_each_cost_and_the_dispatch_variant(tmp_path):
     assert set(row["op_build_us"]) == {"add", "linear", "fast.rms_norm", "fast.rope", "fast.sdpa"}
     variant = row["stable=1,small_m=0"]  # off CUDA the one other pair: shape-stable attention forced on
     assert all(variant[k] > 0 for k in costs + builds)
+    summary = subprocess.run([sys.executable, "jobs/graph_env_summary.py", str(out)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+    lines = summary.stdout.splitlines()
+    assert summary.returncode == 0 and len(lines) == 3, summary.stdout + summary.stderr  # header, default, the variant
+    assert lines[1].startswith("t | default | ") and lines[2].startswith("t | stable=1,small_m=0 | ")
