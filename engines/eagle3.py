@@ -556,7 +556,7 @@ class Eagle3(Engine):
         """Every drafted node in level order, as concat(levels) numbers them: level d + 1's node
         r * k + j is child j of level d's node frontiers[d - 1][r]."""
         nodes = [_Node(-1, s, 1) for s in level_scores[0]]
-        start = 0  # level d's first node index
+        start = 0  # the first node index of the level above level d
         for d, (scores, frontier) in enumerate(zip(level_scores[1:], frontiers), start=2):
             nodes += [_Node(start + frontier[i // self.top_k], s, d) for i, s in enumerate(scores)]
             start += len(level_scores[d - 2])
