@@ -12,8 +12,10 @@ faster from one process to the next, so give each setting twice, interleaved (A 
 
 Each line also holds the host's time to build each call's lazy graph (`build_*`), one op's build
 cost by kind (`op_build_us`), and with --dispatch the Target's costs under each other
-stable-attention / few-row-GEMM pair. Off CUDA it runs the same work (--tiny: a check of the
-script itself).
+stable-attention / few-row-GEMM pair. With --methods, each drafting method's rounds run through
+the harness's own loop with the drafters shipped for SmolLM2, phase by phase (host time beside
+each phase's time): what a cell's profile shows, without the GGUF's 16 staging calls. Off CUDA it
+runs the same work (--tiny: the llama fixture's shape and drafters, a check of the script itself).
 """
 
 from __future__ import annotations
@@ -30,19 +32,23 @@ from harness import blas
 blas.select()
 
 import mlx.core as mx  # noqa: E402
+import yaml  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 from mlx_lm.models import llama  # noqa: E402
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
 import engines.dispatch as dispatch_module  # noqa: E402
 from engines.target import Target  # noqa: E402
+from harness.models.fixtures import FIXTURES  # noqa: E402
 
 SMOLLM2 = dict(model_type="llama", hidden_size=576, num_hidden_layers=30, intermediate_size=1536,
                num_attention_heads=9, num_key_value_heads=3, rms_norm_eps=1e-5, vocab_size=49152,
                rope_theta=100000.0, tie_word_embeddings=True)
-TINY = dict(SMOLLM2, hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=512)
+TINY = {k: v for k, v in FIXTURES["llama"].items() if k not in ("bos_token_id", "eos_token_id")}  # its drafters fit
 TREE_15 = [-1, 0, 1, 2, 1, 0, 5, -1, 7, 8, 7, -1, 11, -1, 13]  # 15 nodes, 4 deep: an EAGLE-3 4/4/15 shape
+TREE = {"depth": 4, "top_k": 4, "total_tokens": 15}  # the EAGLE-3 tree the SmolLM2 cells run
+DRAFTERS = Path("harness/data/drafters/smollm2")  # the shipped drafters, by kind
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def build(cfg: dict, dtype, bits: int = 0) -> llama.Model:
@@ -142,6 +148,36 @@ def interleaved_ms(calls: dict, n: int, warm: int = 3) -> dict:
     return {name: round(statistics.median(v), 3) for name, v in times.items()}
 
 
+def drafter_rounds(model, vocab: int, context: int, n: int, methods: list[str], tiny: bool) -> dict:
+    """Each drafting method's rounds through the harness's own loop (harness.loop.generate, profiled):
+    {method: {"phase_ms", "host_ms", "round_ms", "rounds"}}, medians over n rounds after 4 warm-up
+    rounds. The drafters are the ones shipped for SmolLM2 (--tiny: the llama fixture's). On random
+    target weights a drafter is rarely right, so nearly every round verifies its whole draft and
+    keeps one token: the costs of a full draft, not of this target's real acceptance."""
+    from engines.registry import get_engine
+    from engines.sampling import Sampler
+    from harness.config import MethodConfig
+    from harness.loop import Round, generate
+    from harness.models import fixtures
+
+    out = {}
+    for name in methods:
+        spec = yaml.safe_load((ROOT / "conf" / "method" / f"{name}.yaml").read_text())
+        kind = get_engine(name).drafter_kind
+        spec["drafter"] = str(fixtures.drafter_dir(kind, "llama") if tiny else ROOT / DRAFTERS / kind)
+        spec.update(TREE if name == "eagle3" else {})
+        engine = get_engine(name).build(model, MethodConfig(**spec))
+        prompt = mx.random.randint(0, vocab, (context,)).tolist()
+        events = generate(engine, prompt, n + 5, Sampler(), profile=True)
+        rounds = [e for e in events if isinstance(e, Round)][4:]
+        keys = list(rounds[0].phases)
+        med = lambda field, k: round(statistics.median(getattr(r, field).get(k, 0.0) for r in rounds) * 1e3, 3)
+        out[name] = {"phase_ms": {k: med("phases", k) for k in keys}, "host_ms": {k: med("host", k) for k in keys},
+                     "round_ms": round(statistics.median(sum(r.phases.values()) for r in rounds) * 1e3, 3),
+                     "rounds": len(rounds)}
+    return out
+
+
 def op_build_us(cfg: dict, dtype, n: int = 20000) -> dict:
     # The host's cost of building (not running) one op of each kind a decoder layer calls, microseconds.
     H, D = cfg["num_attention_heads"], cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -193,6 +229,9 @@ def main() -> None:
     ap.add_argument("--dtype", help="the model's dtype (default bfloat16; float32 with --tiny)")
     ap.add_argument("--bits", type=int, default=0, choices=(0, 4, 8),
                     help="quantize the weights (4: as the packaged Q4_1 SmolLM2 loads); 0 keeps them floating")
+    ap.add_argument("--methods", nargs="*", default=[], choices=("eagle3", "dflash_a", "mtp"),
+                    help="also time these methods' rounds, phase by phase, with the drafters shipped for SmolLM2 "
+                         "(the draft LM shares the real target's embeddings: it refuses random weights)")
     ap.add_argument("--n", type=int, default=48, help="timed calls per measurement")
     ap.add_argument("--rows", type=int, nargs="*", default=[1, 64, 256], help="batched data-step widths to time")
     a = ap.parse_args()
@@ -210,6 +249,10 @@ def main() -> None:
         for stable, small in pairs:
             row[f"stable={int(stable)},small_m={int(small)}"] = target_costs(
                 model, cfg["vocab_size"], 16 if a.tiny else 300, n, stable_attention=stable, small_m_gemm=small)
+    if a.tiny and not set(a.methods) <= {"eagle3", "dflash_a"}:
+        ap.error("--tiny has fixture drafters for eagle3 and dflash_a only")
+    if a.methods:
+        row["rounds"] = drafter_rounds(model, cfg["vocab_size"], 16 if a.tiny else 300, n, a.methods, a.tiny)
     for rows in ((4,) if a.tiny else a.rows):
         row[f"batch_{rows}"] = batch_step_ms(model, cfg["vocab_size"], rows, 16 if a.tiny else 128, n)
     row["op_build_us"] = op_build_us(cfg, model.model.norm.weight.dtype, 200 if a.tiny else 20000)

@@ -13,7 +13,7 @@ ROOT = Path(__file__).parent.parent
 def test_tiny_run_writes_each_cost_and_the_dispatch_variant(tmp_path):
     out = tmp_path / "costs.jsonl"
     r = subprocess.run([sys.executable, "jobs/graph_env.py", "--tiny", "--dispatch", "--bits", "4", "--label", "t",
-                        "--out", str(out)],
+                        "--methods", "eagle3", "dflash_a", "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     row = json.loads(out.read_text().splitlines()[-1])
@@ -24,6 +24,10 @@ def test_tiny_run_writes_each_cost_and_the_dispatch_variant(tmp_path):
     assert set(row["op_build_us"]) == {"add", "linear", "fast.rms_norm", "fast.rope", "fast.sdpa"}
     variant = row["stable=1,small_m=0"]  # off CUDA the one other pair: shape-stable attention forced on
     assert all(variant[k] > 0 for k in costs + builds)
+    rounds = row["rounds"]  # each method's rounds through the harness's loop, phase by phase
+    assert {"commit_pass", "tree_expand", "verify", "accept", "rollback"} <= set(rounds["eagle3"]["phase_ms"])
+    assert {"drafter_fwd", "verify"} <= set(rounds["dflash_a"]["host_ms"]) and rounds["dflash_a"]["rounds"] >= 1
+    assert all(0 < r["round_ms"] and r["host_ms"]["verify"] <= r["phase_ms"]["verify"] for r in rounds.values())
     summary = subprocess.run([sys.executable, "jobs/graph_env_summary.py", str(out)], cwd=ROOT, capture_output=True,
                              text=True, timeout=60)
     lines = summary.stdout.splitlines()
