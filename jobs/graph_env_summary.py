@@ -18,6 +18,9 @@ def main(path: str) -> None:
         for name, v in variants.items():
             builds = "/".join(str(v.get(f"build_{k}", "-")) for k in ("step", "verify_16", "tree_16"))
             print(f"{row['label']} | {name} | " + " ".join(str(v.get(k, "-")) for k in COSTS) + f" | {builds}")
+        for method, r in row.get("rounds", {}).items():  # --methods: phase host/whole ms, then the round
+            phases = " ".join(f"{k} {r['host_ms'][k]}/{ms}" for k, ms in r["phase_ms"].items())
+            print(f"{row['label']} | {method} rounds | {phases} | round {r['round_ms']}")
 
 
 if __name__ == "__main__":

@@ -31,5 +31,6 @@ def test_tiny_run_writes_each_cost_and_the_dispatch_variant(tmp_path):
     summary = subprocess.run([sys.executable, "jobs/graph_env_summary.py", str(out)], cwd=ROOT, capture_output=True,
                              text=True, timeout=60)
     lines = summary.stdout.splitlines()
-    assert summary.returncode == 0 and len(lines) == 3, summary.stdout + summary.stderr  # header, default, the variant
+    assert summary.returncode == 0 and len(lines) == 5, summary.stdout + summary.stderr  # header, 2 variants, 2 methods
     assert lines[1].startswith("t | default | ") and lines[2].startswith("t | stable=1,small_m=0 | ")
+    assert lines[3].startswith("t | eagle3 rounds | commit_pass ") and lines[4].startswith("t | dflash_a rounds | ")
