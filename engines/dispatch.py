@@ -81,8 +81,8 @@ def _bucketed(original, masks: dict):
                 masks[key] = mx.where(visible, mx.array(0, queries.dtype), mx.array(-mx.inf, queries.dtype))
             padded = masks[key]
         elif isinstance(mask, mx.array) and mask.dtype == mx.bool_ and mask.shape[-1] == K:
-            padded = additive(pad_keys(mask, S, masks), queries.dtype, masks)  # a tree verify's [T, K] mask,
-            # the unwritten tail hidden
+            # a tree verify's [T, K] mask: the unwritten tail hidden, made additive once for every layer
+            padded = additive(pad_keys(mask, S, masks), queries.dtype, masks)
         else:
             return original(queries, keys, values, cache, scale, mask, sinks)
         return mx.fast.scaled_dot_product_attention(queries, cache.keys, cache.values, scale=scale, mask=padded)
