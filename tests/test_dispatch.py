@@ -78,13 +78,18 @@ def test_forced_on_every_method_keeps_base_output_and_the_same_rounds(models, ar
     assert {m.__name__: m.scaled_dot_product_attention for m in attention_modules(model)} == sdpa
 
 
+def _spy_attention(monkeypatch, note) -> list:
+    """Every fused attention call appends note(q, k, mask) to the returned list, then runs as it would."""
+    seen, real = [], mx.fast.scaled_dot_product_attention
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention",
+                        lambda q, k, v, mask=None, **kw: seen.append(note(q, k, mask)) or real(q, k, v, mask=mask, **kw))
+    return seen
+
+
 def test_bucketed_attention_reads_the_whole_buffer_and_gives_the_same_logits(models, monkeypatch):
     model, tok = models["llama"]
     ids = next(_units(tok))[1]
-    seen = []
-    real = mx.fast.scaled_dot_product_attention
-    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention",
-                        lambda q, k, v, **kw: seen.append(k.shape[2]) or real(q, k, v, **kw))
+    seen = _spy_attention(monkeypatch, lambda q, k, mask: k.shape[2])
     logits = {}
     for on in (False, True):
         t = Target(model, stable_attention=on)
@@ -103,10 +108,7 @@ def test_forced_on_drafters_and_tree_verify_attend_over_whole_buffers(models, mo
     arch = "llama" if method == "eagle3" else "qwen35"
     model, tok = models[arch]
     ids = next(_units(tok))[1]
-    seen = []
-    real = mx.fast.scaled_dot_product_attention
-    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention",
-                        lambda q, k, v, **kw: seen.append((q.shape[2], k.shape[2])) or real(q, k, v, **kw))
+    seen = _spy_attention(monkeypatch, lambda q, k, mask: (q.shape[2], k.shape[2]))
     cfg = eagle_cfg(arch) if method == "eagle3" else mtp_cfg(fixtures.fixture_dir(arch), k=2)
     engine = (Eagle3 if method == "eagle3" else MTP).build(model, cfg, **FORCED)
     generate_ids(engine, ids, 24)
@@ -140,10 +142,7 @@ def test_a_tree_verify_passes_one_additive_mask_to_every_layer(models, monkeypat
     # MLX's CUDA attention converts a boolean mask in every call; the bucketed path converts it once
     model, tok = models["llama"]
     ids = next(_units(tok))[1]
-    masks = []
-    real = mx.fast.scaled_dot_product_attention
-    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention",
-                        lambda q, k, v, mask=None, **kw: masks.append(mask) or real(q, k, v, mask=mask, **kw))
+    masks = _spy_attention(monkeypatch, lambda q, k, mask: mask)
     logits = {}
     for on in (False, True):
         t = Target(model, stable_attention=on)
