@@ -16,6 +16,7 @@
 # into 6 MiB parts (.gpu/big-libmlx.so.xz-NN, 12 of them); `stage` cuts the GGUF into 6 MiB parts
 # (.gpu/big-smollm2.gguf-NN, 16). The calls on a fresh machine:
 #   1-28 bash .gpu/big-<name>-NN/stash.sh                       carry that part (each alone)
+#        (or, after `bash jobs/lean-tree.sh aside`, eight parts a call: see that script; `back` before call 30)
 #   29   bash .gpu/cx/stash.sh                                  carry .gpu/cx (the prompt-data wheels)
 #   30   source .gpu/c/activate.sh && bash jobs/smollm2-drafters.sh data train   carry .gpu/c .gpu/job
 #   31   source .gpu/env/activate.sh && bash jobs/smollm2-drafters.sh measure     carry .gpu/env
