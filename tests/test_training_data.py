@@ -196,3 +196,17 @@ def test_gsm8k_is_a_held_out_suite_whose_math_is_told_apart_from_mt_benchs():
     label = category_labels([{"category": p.category, "suite": p.suite} for p in mixed])
     assert [label({"category": p.category, "suite": p.suite}) for p in mixed[1:3]] == ["mtbench:math", "gsm8k:math"]
     assert category_labels([{"category": "math", "suite": "gsm8k"}])({"category": "math", "suite": "gsm8k"}) == "math"
+
+
+def test_a_data_cache_moved_to_another_harness_home_is_reused_and_another_target_refused():
+    from train.data import settings_differ
+
+    made = {"layout": 2, "target": "/root/.cache/spec-harness/gguf/SmolLM2-Q4_1-b179c9-bfloat16-v1",
+            "target_config_sha256": "e6", "n_prompts": 8, "generation": {"answer_tokens": 5}}
+    # the device's harness home: the converted checkpoint's folder elsewhere, its name the same
+    there = {**made, "target": "/tmp/shh/gguf/SmolLM2-Q4_1-b179c9-bfloat16-v1"}
+    del there["generation"]
+    assert settings_differ(made, there) == []
+    assert settings_differ(made, {**there, "target": "/tmp/shh/gguf/SmolLM2-Q4_1-b179c9-float32-v1"}) == ["target"]
+    assert settings_differ(made, {**there, "n_prompts": 9, "target_config_sha256": "f0"}) == [
+        "n_prompts", "target_config_sha256"]

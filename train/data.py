@@ -204,6 +204,19 @@ def manifest(ckpt: Path, tokenizer, cfg, source: str) -> dict:
 NOT_COMPARED = ("generation", "filtered")  # manifest keys that describe a run, not what the rows depend on
 
 
+def settings_differ(have: dict, want: dict) -> list[str]:
+    """The manifest keys whose values differ, `target` by its checkpoint's name: the GPU job makes
+    a cache on one machine and answers it on another, where the harness home (and so the
+    converted checkpoint's folder) may lie elsewhere; that name keys the source file and dtype."""
+    def comparable(m: dict) -> dict:
+        out = {k: v for k, v in m.items() if k not in NOT_COMPARED}
+        if "target" in out:
+            out["target"] = Path(str(out["target"])).name
+        return out
+    a, b = comparable(have), comparable(want)
+    return [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
 def max_prompt_tokens(cfg) -> int:
     """The longest prompt kept from a prompt source (chat template included): data.max_prompt_tokens,
     or what leaves room for a whole answer within data.max_len (at least half of it)."""
@@ -257,8 +270,8 @@ def build(model, tokenizer, ckpt: Path, cfg, cache: Path, log) -> tuple[Rows, di
     created = not cache.exists()
     cache.mkdir(parents=True, exist_ok=True)
     have = read_manifest(cache)
-    if have is not None and {k: v for k, v in have.items() if k not in NOT_COMPARED} != want:
-        diff = [k for k in sorted(set(want) | set(have)) if k not in NOT_COMPARED and have.get(k) != want.get(k)]
+    diff = settings_differ(have, want) if have is not None else []
+    if diff:
         raise ConfigError(f"data cache {cache} was generated with other settings ({', '.join(diff)}); pass another "
                           "data.cache_dir or delete that directory to regenerate")
     _write_atomic(cache / "manifest.json", json.dumps({**(have or {}), **want}, indent=2))
