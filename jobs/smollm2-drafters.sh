@@ -20,7 +20,8 @@
 #   29   bash .gpu/cx/stash.sh                                  carry .gpu/cx (the prompt-data wheels)
 #   30   source .gpu/c/activate.sh && bash jobs/smollm2-drafters.sh data train   carry .gpu/c .gpu/job
 #   31   source .gpu/env/activate.sh && bash jobs/smollm2-drafters.sh measure     carry .gpu/env
-# With a kernel cache an earlier session brought back (`bash jobs/ptx-cache.sh stage ptx-cache.tgz`),
+# With a kernel cache an earlier session brought back (`bash jobs/ptx-cache.sh stage ptx-cache.tgz`; the repo
+# keeps one: docs/benchmarks/2026-12-06-h100-189a2a7/ptx-cache-189a2a7.tgz),
 # call 29 also runs `bash .gpu/ptx/stash.sh` (carry .gpu/cx and .gpu/ptx): activate.sh restores it, and
 # the new machine skips the compiles it holds.
 # A stash call costs ~3 s of device time on a warm machine. DEQ=1 measures dequantized copies
