@@ -34,3 +34,11 @@ def test_tiny_run_writes_each_cost_and_the_dispatch_variant(tmp_path):
     assert summary.returncode == 0 and len(lines) == 5, summary.stdout + summary.stderr  # header, 2 variants, 2 methods
     assert lines[1].startswith("t | default | ") and lines[2].startswith("t | stable=1,small_m=0 | ")
     assert lines[3].startswith("t | eagle3 rounds | commit_pass ") and lines[4].startswith("t | dflash_a rounds | ")
+
+
+def test_tiny_with_a_method_it_has_no_drafter_for_is_refused_before_any_work(tmp_path):
+    out = tmp_path / "costs.jsonl"
+    r = subprocess.run([sys.executable, "jobs/graph_env.py", "--tiny", "--methods", "mtp", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "fixture drafters for eagle3 and dflash_a only" in r.stderr
+    assert r.stdout == "" and not out.exists()  # no cost was timed or written
