@@ -33,6 +33,7 @@ harness/summary.py.
 
 from __future__ import annotations
 
+import gc
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -259,7 +260,28 @@ def _warm_up(arms: Arms, run, n: int) -> Generation | None:
     return last
 
 
+@contextmanager
+def gc_paused():
+    """Python's cyclic collector off inside, after one full collection; its earlier state restored.
+
+    A full collection over a loaded harness takes ~50 ms on a 2-core CPU, as long as a third of
+    a short timed rep: left on, it lands in whichever rep crosses its allocation threshold."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _timed_reps(arms: Arms, run, unit: int, bench) -> tuple[list[Generation], list[Generation], list[str]]:
+    with gc_paused():
+        return _alternating_reps(arms, run, unit, bench)
+
+
+def _alternating_reps(arms: Arms, run, unit: int, bench) -> tuple[list[Generation], list[Generation], list[str]]:
     # Per rep, both arms side by side in alternating order, the allocator's cache emptied before
     # each so neither inherits the other's buffers. Order per rep: "mb" (method first) or "bm".
     gm, gb, order = [], [], []

@@ -63,3 +63,35 @@ def test_a_fixed_order_is_biased_by_the_same_delay(models, monkeypatch):
     monkeypatch.setattr(measure, "method_first", lambda unit, rep: True)
     out, _, _ = _cell(models, monkeypatch)
     assert out["summary"]["speedup"] == pytest.approx(DECODE_S / (DECODE_S + DELAY_S), rel=0.05)
+
+
+def test_no_garbage_collection_lands_inside_a_timed_rep(models, monkeypatch):
+    # Each timed run makes cyclic garbage enough to cross the collector's thresholds many times;
+    # with the collector paused around the reps, none of those collections runs inside a rep.
+    import gc
+    model, tok = models["llama"]
+    inside, during = [], []
+    real = measure.run_generation
+
+    def churning(engine, *args, **kw):
+        inside.append(True)
+        for _ in range(20_000):
+            a = []
+            a.append(a)
+        gen = real(engine, *args, **kw)
+        inside.pop()
+        return gen
+
+    def watch(phase, info):
+        if phase == "start" and inside:
+            during.append(info["generation"])
+
+    monkeypatch.setattr(measure, "run_generation", churning)
+    gc.callbacks.append(watch)
+    try:
+        arms = Arms(Autoregressive(Target(model), engine_cfg(name="base")), None, 1)
+        measure_cell(arms, tok, builtin_prompts()[:2], BENCH)
+    finally:
+        gc.callbacks.remove(watch)
+    assert gc.isenabled()
+    assert during == []
