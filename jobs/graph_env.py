@@ -33,7 +33,6 @@ blas.select()
 
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
-import yaml  # noqa: E402
 from mlx_lm.models import llama  # noqa: E402
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
@@ -148,6 +147,19 @@ def interleaved_ms(calls: dict, n: int, warm: int = 3) -> dict:
     return {name: round(statistics.median(v), 3) for name, v in times.items()}
 
 
+def method_config(name: str, drafter: Path, knobs: dict):
+    """conf/method/<name>.yaml composed by Hydra as a cell composes it (defaults, interpolation,
+    the schema's types), with the drafter and these knobs set."""
+    from hydra import compose, initialize_config_dir
+
+    from harness.config import conf_dir, register_configs
+
+    register_configs()
+    overrides = [f"method={name}", f"method.drafter={drafter}", *(f"method.{k}={v}" for k, v in knobs.items())]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return compose(config_name="config", overrides=overrides).method
+
+
 def drafter_rounds(model, vocab: int, context: int, n: int, methods: list[str], tiny: bool) -> dict:
     """Each drafting method's rounds through the harness's own loop (harness.loop.generate, profiled):
     {method: {"phase_ms", "host_ms", "round_ms", "rounds"}}, medians over n rounds after 4 warm-up
@@ -156,17 +168,14 @@ def drafter_rounds(model, vocab: int, context: int, n: int, methods: list[str], 
     keeps one token: the costs of a full draft, not of this target's real acceptance."""
     from engines.registry import get_engine
     from engines.sampling import Sampler
-    from harness.config import MethodConfig
     from harness.loop import Round, generate
     from harness.models import fixtures
 
     out = {}
     for name in methods:
-        spec = yaml.safe_load((ROOT / "conf" / "method" / f"{name}.yaml").read_text())
         kind = get_engine(name).drafter_kind
-        spec["drafter"] = str(fixtures.drafter_dir(kind, "llama") if tiny else ROOT / DRAFTERS / kind)
-        spec.update(TREE if name == "eagle3" else {})
-        engine = get_engine(name).build(model, MethodConfig(**spec))
+        drafter = fixtures.drafter_dir(kind, "llama") if tiny else ROOT / DRAFTERS / kind
+        engine = get_engine(name).build(model, method_config(name, drafter, TREE if name == "eagle3" else {}))
         prompt = mx.random.randint(0, vocab, (context,)).tolist()
         events = generate(engine, prompt, n + 5, Sampler(), profile=True)
         rounds = [e for e in events if isinstance(e, Round)][4:]
