@@ -9,6 +9,7 @@ returns 1 if any bound is not met or a cell did not run.
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
@@ -61,14 +62,34 @@ def _missing(metric: str, summary: dict) -> str:
     return "missing: the record holds no value for it"
 
 
+def outliers(record: dict) -> list[str]:
+    """One line per flagged rep of a record (either arm): where it ran and how slow it was, so a
+    gate that fails on `outlier_reps` says which generation, not only how many."""
+    cell = record["cell"]
+    arms = ((cell["method"]["name"], lambda item: item), (cell.get("reference") or "base", lambda item: item.get("base")))
+    lines = []
+    for item in record.get("prompts", []):
+        for arm, part in arms:
+            t = part(item) or {}
+            tps = t.get("decode_tps") or []
+            for r in t.get("outlier_reps", []):
+                lines.append(f"{item['id']} (turn {item.get('turn', 0)}), {arm} rep {r}: {tps[r]:.1f} tok/s, "
+                             f"the arm's median on it {statistics.median(tps):.1f}")
+    return lines
+
+
 def run_gate(cfg) -> int:
     """Run every check of cfg.gate; print the table; 0 if all pass, else 1."""
-    rows = []
+    rows, flagged = [], []
     for i, check in enumerate(cfg.gate.checks, 1):
         print(f"gate {cfg.gate.name}: check {i}/{len(cfg.gate.checks)} {check.name}", file=sys.stderr, flush=True)
         path = run_cell(_cell_config(cfg, check))
-        rows += evaluate(check, read_record(Path(path)) if path else None)
+        record = read_record(Path(path)) if path else None
+        rows += evaluate(check, record)
+        flagged += [f"  {check.name}: {line}" for line in (outliers(record) if record and record.get("status") == "ok" else [])]
     failed = [r for r in rows if r[-1] == "FAIL"]
+    if flagged:
+        print(f"gate {cfg.gate.name}: reps slower than a third of their arm's median:", *flagged, sep="\n", file=sys.stderr)
     print(tabulate(rows, headers=["check", "metric", "bound", "value", "verdict"], tablefmt="github"))
     if failed:
         print(f"gate {cfg.gate.name}: {len(failed)} of {len(rows)} bounds fell short", file=sys.stderr)

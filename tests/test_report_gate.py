@@ -91,6 +91,21 @@ def test_a_gate_bound_without_a_value_says_why():
     assert all(r[-1] == "FAIL" for r in evaluate(check, one_rep))
 
 
+def test_a_gate_names_each_outlier_rep_with_its_arm_prompt_and_rate():
+    from harness.gate import outliers
+
+    record = {"cell": {"method": {"name": "base"}, "reference": "mlx_lm"}, "prompts": [
+        {"id": "p0", "turn": 0, "decode_tps": [500.0, 510.0, 505.0], "outlier_reps": [],
+         "base": {"decode_tps": [498.0, 150.0, 502.0], "outlier_reps": [1]}},
+        {"id": "p1", "turn": 1, "decode_tps": [90.0, 400.0, 410.0], "outlier_reps": [0],
+         "base": {"decode_tps": [400.0, 401.0, 402.0], "outlier_reps": []}}]}
+    assert outliers(record) == ["p0 (turn 0), mlx_lm rep 1: 150.0 tok/s, the arm's median on it 498.0",
+                                "p1 (turn 1), base rep 0: 90.0 tok/s, the arm's median on it 400.0"]
+    record["cell"]["reference"] = None  # a method paired with base decoding, no base arm flagged
+    record["prompts"][0]["base"]["outlier_reps"] = []
+    assert outliers(record) == ["p1 (turn 1), base rep 0: 90.0 tok/s, the arm's median on it 400.0"]
+
+
 def test_an_interrupted_sweep_resumes_with_only_the_missing_cells(tmp_path):
     out = tmp_path / "sweep"
     sweep = ["+sweep=qwen35", "method=base,ngram"]  # 6 distinct cells: enough to interrupt midway
