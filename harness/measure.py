@@ -262,12 +262,13 @@ def _warm_up(arms: Arms, run, n: int) -> Generation | None:
 
 @contextmanager
 def gc_paused():
-    """Python's cyclic collector off inside, after one full collection; its earlier state restored.
+    """Python's cyclic collector off inside, its earlier state restored after (as timeit does).
 
     A full collection over a loaded harness takes ~50 ms on a 2-core CPU, as long as a third of
-    a short timed rep: left on, it lands in whichever rep crosses its allocation threshold."""
+    a short timed rep: left on, it lands in whichever rep crosses its allocation threshold. The
+    collection that is due runs after the reps instead (no collection up front: per prompt that
+    would cost a cell of 36 prompts seconds)."""
     was = gc.isenabled()
-    gc.collect()
     gc.disable()
     try:
         yield
