@@ -155,7 +155,7 @@ def method_config(name: str, drafter: Path, knobs: dict):
     from harness.config import conf_dir, register_configs
 
     register_configs()
-    overrides = [f"method={name}", f"method.drafter={drafter}", *(f"method.{k}={v}" for k, v in knobs.items())]
+    overrides = [f"method={name}", f"method.drafter='{drafter}'", *(f"method.{k}={v}" for k, v in knobs.items())]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         return compose(config_name="config", overrides=overrides).method
 
