@@ -65,12 +65,10 @@ def _missing(metric: str, summary: dict) -> str:
 def outliers(record: dict) -> list[str]:
     """One line per flagged rep of a record (either arm): where it ran and how slow it was, so a
     gate that fails on `outlier_reps` says which generation, not only how many."""
-    cell = record["cell"]
-    arms = ((cell["method"]["name"], lambda item: item), (cell.get("reference") or "base", lambda item: item.get("base")))
+    method, reference = record["cell"]["method"]["name"], record["cell"].get("reference") or "base"
     lines = []
     for item in record.get("prompts", []):
-        for arm, part in arms:
-            t = part(item) or {}
+        for arm, t in ((method, item), (reference, item.get("base") or {})):
             tps = t.get("decode_tps") or []
             for r in t.get("outlier_reps", []):
                 lines.append(f"{item['id']} (turn {item.get('turn', 0)}), {arm} rep {r}: {tps[r]:.1f} tok/s, "

@@ -144,7 +144,7 @@ class CellRun:
         if u == 0:
             self.calibrate(ids, run)
         HEARTBEAT.start(f"the timed reps of {_where(prompt, turn)} (turn {u + 1}/{n_units})")
-        with self.wall("timed_reps"):
+        with self.wall("timed_reps"), gc_paused():
             gm, gb, order = _timed_reps(arms, run, u, bench)
         for reps, gens in ((self.reps_m, gm), (self.reps_b, gb)):
             for r, g in enumerate(gens):
@@ -278,11 +278,6 @@ def gc_paused():
 
 
 def _timed_reps(arms: Arms, run, unit: int, bench) -> tuple[list[Generation], list[Generation], list[str]]:
-    with gc_paused():
-        return _alternating_reps(arms, run, unit, bench)
-
-
-def _alternating_reps(arms: Arms, run, unit: int, bench) -> tuple[list[Generation], list[Generation], list[str]]:
     # Per rep, both arms side by side in alternating order, the allocator's cache emptied before
     # each so neither inherits the other's buffers. Order per rep: "mb" (method first) or "bm".
     gm, gb, order = [], [], []

@@ -150,14 +150,12 @@ def interleaved_ms(calls: dict, n: int, warm: int = 3) -> dict:
 def method_config(name: str, drafter: Path, knobs: dict):
     """conf/method/<name>.yaml composed by Hydra as a cell composes it (defaults, interpolation,
     the schema's types), with the drafter and these knobs set."""
-    from hydra import compose, initialize_config_dir
-
-    from harness.config import conf_dir, register_configs
+    from harness.config import register_configs
+    from harness.flags import compose_first_job
 
     register_configs()
     overrides = [f"method={name}", f"method.drafter='{drafter}'", *(f"method.{k}={v}" for k, v in knobs.items())]
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        return compose(config_name="config", overrides=overrides).method
+    return compose_first_job("config", overrides).method
 
 
 def drafter_rounds(model, vocab: int, context: int, n: int, methods: list[str], tiny: bool) -> dict:
