@@ -30,7 +30,8 @@ from harness.models.load import check_shared_tokenizer, has_moe, load_target, mo
 from harness.models.resolve import resolve_drafter, resolve_model
 from harness.progress import PROGRESS
 from harness.prompts import load_suite, suite_sources
-from harness.records import SCHEMA_VERSION, LockTimeout, cell_id, device_lock, multirun_id, read_record, write_record
+from harness.device_lock import LockTimeout, device_lock
+from harness.records import SCHEMA_VERSION, cell_id, multirun_id, read_record, write_record
 
 # What `python -m harness` exits with. A sweep exits 3 when any cell errored (after running the
 # rest); its unsupported cells are expected outcomes of a grid, so they alone leave it at 0.

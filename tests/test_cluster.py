@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from harness.config import conf_dir, register_configs
-from harness.records import device_lock_path
+from harness.device_lock import device_lock_path
 from tests.conftest import subprocess_env
 from tests.test_cli import REPO, records
 

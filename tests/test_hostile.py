@@ -146,7 +146,7 @@ def test_a_single_unsupported_cell_exits_4_and_an_ok_one_0(tmp_path):
 
 
 def _hold_device(release: threading.Event, held: threading.Event):
-    from harness.records import device_lock
+    from harness.device_lock import device_lock
 
     with device_lock():
         held.set()
@@ -176,7 +176,7 @@ def test_a_wait_for_the_device_says_who_holds_it_and_times_out_cleanly(tmp_path)
 def test_the_test_suite_takes_its_own_device_lock_not_the_hosts():
     import tempfile
 
-    from harness.records import device_lock_path
+    from harness.device_lock import device_lock_path
 
     assert os.environ["SPEC_HARNESS_LOCK_DIR"] != tempfile.gettempdir()
     assert device_lock_path().parent == __import__("pathlib").Path(os.environ["SPEC_HARNESS_LOCK_DIR"])
