@@ -14,6 +14,17 @@ import math
 
 from harness.errors import ConfigError
 
+# The largest value each size may take: far past any real run, small enough that a typo (an extra
+# digit, 1e20) is refused in one line instead of allocating for minutes (harness/config.py checks them).
+MAX_NEW_TOKENS = 1 << 20  # tokens generated per prompt
+MAX_REPS = 1000  # timed generations per arm and prompt
+MAX_WARMUP = 100  # untimed generations per arm
+MAX_CONTEXT = 1 << 22  # tokens of earlier conversation (a model's own positions bound it further)
+MAX_BLOCK = 4096  # tokens verified in one round
+MAX_TEMPERATURE = 100.0  # softmax temperature; far above, sampling is uniform noise
+MAX_COUNT = 1_000_000  # prompts, categories, layers: counts of things that exist
+WEEK_S = 7 * 24 * 3600  # timeouts
+
 EVERY_SIZE_UP_TO = 16  # verify sizes timed one by one; real blocks (DFlash 16, EAGLE-3 trees) live here
 GROWTH = 1.25  # beyond, each timed size is at least this much larger than the last
 

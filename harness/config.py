@@ -8,6 +8,8 @@ one-line message that names the problem and the fix. What a model spec (`arch.mo
 
 from __future__ import annotations
 
+import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -16,7 +18,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from engines.registry import get_engine
-from harness.bounds import check_block
+from harness.bounds import (MAX_BLOCK, MAX_CONTEXT, MAX_COUNT, MAX_NEW_TOKENS, MAX_REPS, MAX_TEMPERATURE, MAX_WARMUP,
+                            WEEK_S, check_block)
 from harness.errors import ConfigError
 
 DTYPES = ("float32", "float16", "bfloat16", "native")
@@ -123,6 +126,8 @@ class Config:
     reference: str = "base"  # the arm every method run is paired with (e.g. dflash_c to time dflash_a against it)
     out_dir: str = "results/default"
     force: bool = False  # re-run cells whose record already exists
+    reuse_other_code: bool = False  # keep records measured by other code (another commit, MLX or mlx-lm version)
+    #                                 as long as their inputs' content is this run's (harness/identity.py)
     allow_shared_device: bool = False  # let cells launched in parallel time on one device at once (ratios suffer)
     lock_timeout_s: Optional[float] = None  # give up (exit 5) when another run holds the device longer; null = wait
     gate: Optional[GateConfig] = None  # set by +gate=<name>: run its checks, exit 1 if any falls short
@@ -158,6 +163,14 @@ def _check_outside(method, knobs) -> None:
     if "command" in knobs and not method.get("command"):
         raise ConfigError(f"method={method.name} needs method.command=<the engine's command line>, e.g. "
                           "\"method.command='python examples/mlx_lm_adapter.py --model <dir>'\"")
+    for key in ("command", "launch"):
+        if key in knobs and method.get(key):
+            try:
+                words = shlex.split(str(method[key]))
+            except ValueError as e:  # an unclosed quote: the command line cannot be split into words
+                raise ConfigError(f"method.{key}={method[key]!r} is not a command line ({e}); close its quotes") from None
+            if not words:
+                raise ConfigError(f"method.{key} is empty; give the engine's command line")
     if "url" in knobs:
         url = method.get("url")
         if not url:
@@ -189,23 +202,60 @@ def validate(cfg) -> None:
     _check_dispatch(cfg.dispatch)
     if "block_size" in engine.knobs:
         check_block(cfg.method.block_size, cfg.bench.max_new_tokens)
-    if cfg.lock_timeout_s is not None and cfg.lock_timeout_s < 0:
-        raise ConfigError(f"lock_timeout_s={cfg.lock_timeout_s} is not valid; use null (wait) or seconds >= 0")
+    if cfg.lock_timeout_s is not None:
+        if not isinstance(cfg.lock_timeout_s, bool) and isinstance(cfg.lock_timeout_s, (int, float)) \
+                and cfg.lock_timeout_s < 0:
+            raise ConfigError(f"lock_timeout_s={cfg.lock_timeout_s} is not valid; use null (wait) or seconds >= 0")
+        check_range("lock_timeout_s", cfg.lock_timeout_s, 0, WEEK_S, "seconds")
     _check_bench(cfg.bench)
 
 
 def _check_method(m, knobs) -> None:
-    # The knobs this method reads, each in its valid range.
+    # The knobs this method reads, each a finite number in its range.
     if "block_size" in knobs and not (m.block_size is None and "drafter" in knobs):  # None: the drafter's own
-        if not isinstance(m.block_size, int) or m.block_size < 2:
+        if isinstance(m.block_size, bool) or not isinstance(m.block_size, int) or m.block_size < 2:
             raise ConfigError(f"method.block_size={m.block_size!r} is not valid for {m.name}: it is the number of "
                               "tokens verified per round (drafts + 1) and must be an integer >= 2")
-    if "min_ngram" in knobs and (m.min_ngram < 1 or m.max_ngram < m.min_ngram):
+        check_range("method.block_size", m.block_size, 2, MAX_BLOCK, "tokens verified in one round")
+    for key, (low, high, what) in METHOD_RANGES.items():
+        if key in knobs:
+            check_range(f"method.{key}", m[key], low, high, what)
+    if "min_ngram" in knobs and m.max_ngram < m.min_ngram:
         raise ConfigError(f"ngram sizes min_ngram={m.min_ngram}, max_ngram={m.max_ngram} are "
                           "not valid; need 1 <= min_ngram <= max_ngram")
-    if "depth" in knobs and (m.depth < 1 or m.top_k < 1 or m.total_tokens < m.depth):
+    if "depth" in knobs and m.total_tokens < m.depth:
         raise ConfigError(f"eagle3 tree depth={m.depth}, top_k={m.top_k}, total_tokens={m.total_tokens} is not "
                           "valid; need depth >= 1, top_k >= 1 and total_tokens >= depth")
+
+
+# method knob -> (lowest, highest, what it sizes): each bound is what one round or one request can hold.
+METHOD_RANGES = {
+    "depth": (1, 64, "drafter steps per round"),
+    "top_k": (1, 64, "children per expanded node"),
+    "total_tokens": (1, MAX_BLOCK, "tree nodes verified per round"),
+    "min_ngram": (1, 64, "tokens in the shortest suffix matched"),
+    "max_ngram": (1, 64, "tokens in the longest suffix matched"),
+    "startup_timeout_s": (0.001, WEEK_S, "seconds"),
+    "request_timeout_s": (0.001, WEEK_S, "seconds"),
+}
+
+
+def check_range(key: str, value, low, high, what: str = "") -> None:
+    """ConfigError unless `value` is a finite number (not a bool) in [low, high]; the line names
+    the setting, the value and the bound."""
+    unit = f" ({what})" if what else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}={value!r} is not a number; use a value in [{low:g}, {high:g}]{unit}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{key}={value} is not a finite number; use a value in [{low:g}, {high:g}]{unit}")
+    if value < low:
+        raise ConfigError(f"{key}={_num(value)} is not valid; it must be >= {low:g}{unit}")
+    if value > high:
+        raise ConfigError(f"{key}={_num(value)} is above the bound {high:g}{unit}; lower it")
+
+
+def _num(value) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def _check_dispatch(d) -> None:
@@ -214,20 +264,33 @@ def _check_dispatch(d) -> None:
     if d.stage_every is not None and d.stage_every < 0:
         raise ConfigError(f"dispatch.stage_every={d.stage_every} is not valid; use null (the device's "
                           "default), 0 (never) or a number of layers >= 1")
+    if d.stage_every is not None:
+        check_range("dispatch.stage_every", d.stage_every, 0, MAX_COUNT, "layers")
     if d.small_m_gemm and not gemm_available():  # the check Target makes, before any model loads
         raise ConfigError("dispatch.small_m_gemm=true needs MLX's CUDA backend (engines/gemm.py is a CUDA kernel); "
                           "leave it null or false on this machine")
 
 
 def _check_bench(b) -> None:
-    for key, low in (("max_new_tokens", 1), ("reps", 1), ("warmup", 0), ("seed", 0), ("cooldown_s", 0), ("context", 0)):
-        if getattr(b, key) < low:
-            raise ConfigError(f"bench.{key}={getattr(b, key)} is not valid; it must be >= {low}")
-    if b.temperature < 0:
-        raise ConfigError(f"bench.temperature={b.temperature} is not valid; use 0 (greedy) or a positive value")
+    for key, (low, high, what) in BENCH_RANGES.items():
+        check_range(f"bench.{key}", b[key], low, high, what)
     for key in ("max_prompts", "per_category", "warmup_tokens", "profile_every"):
-        if getattr(b, key) is not None and getattr(b, key) < 1:
-            raise ConfigError(f"bench.{key}={getattr(b, key)} is not valid; use null (all) or a count >= 1")
+        if b[key] is not None and b[key] < 1:
+            raise ConfigError(f"bench.{key}={b[key]} is not valid; use null (all) or a count >= 1")
+        if b[key] is not None:
+            check_range(f"bench.{key}", b[key], 1, MAX_COUNT if key != "warmup_tokens" else MAX_NEW_TOKENS)
+
+
+# bench setting -> (lowest, highest, why): sizes bounded so a typo cannot run for days or allocate without end.
+BENCH_RANGES = {
+    "max_new_tokens": (2, MAX_NEW_TOKENS, "a decode rate needs a token after the first"),
+    "reps": (1, MAX_REPS, "timed generations per arm and prompt"),
+    "warmup": (0, MAX_WARMUP, "untimed generations per arm"),
+    "seed": (0, 2**63 - 1, "a random key's seed"),
+    "cooldown_s": (0, 3600, "seconds between reps"),
+    "temperature": (0, MAX_TEMPERATURE, "0 = greedy"),
+    "context": (0, MAX_CONTEXT, "tokens of earlier conversation"),
+}
 
 
 def knobs_of(method_name: str) -> tuple[str, ...]:

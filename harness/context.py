@@ -116,31 +116,52 @@ def _cut_pair(tokenizer, count, messages: list[dict], user: str, assistant: str,
     return pair(lo) if lo else []
 
 
-def _open(source: str):
-    """(label, iterator of conversations as [(user, assistant), ...] pairs)."""
+def source_file(source: str) -> tuple[str, Path]:
+    """(label, the file) bench.context_source names: the packaged ShareGPT file read in place, or
+    the user's file; ConfigError when it is neither."""
     if source == SHAREGPT:
         path, version = packaged.find(sharegpt.PACKAGE, f"bench.context_source={SHAREGPT}")
-        return f"{sharegpt.PACKAGE.distribution}=={version}", (p for c in sharegpt.conversations(path) if (p := pairs(c)))
+        return f"{sharegpt.PACKAGE.distribution}=={version}", path
     path = Path(source).expanduser()
     if not path.is_file():
         raise ConfigError(f"bench.context_source={source} is neither `{SHAREGPT}` nor a file; pass {SHAREGPT} or a "
                           "ShareGPT-format file (a JSON array of {\"conversations\": [{\"from\", \"value\"}, ...]}, "
                           "or one per line)")
-    return str(path), (p for c in _file_conversations(path) if (p := pairs(c)))
+    return str(path), path
+
+
+def _open(source: str):
+    """(label, iterator of conversations as [(user, assistant), ...] pairs)."""
+    label, path = source_file(source)
+    convs = sharegpt.conversations(path) if source == SHAREGPT else _file_conversations(path)
+    return label, _decoded((p for c in convs if (p := pairs(c))), path)
+
+
+def _decoded(items, path: Path):
+    # The file is read as it is consumed: a byte that is not UTF-8 surfaces here, named with its setting.
+    try:
+        yield from items
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"bench.context_source={path}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at "
+                          f"offset {e.start} of a chunk); pass a UTF-8 ShareGPT file") from None
+    except OSError as e:
+        raise ConfigError(f"bench.context_source={path} cannot be read: {e.strerror or e}") from None
 
 
 def _file_conversations(path: Path):
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
+    with open(path, encoding="utf-8") as f:
+        head = f.read(4096)
+    if head.lstrip().startswith("["):
         yield from sharegpt.conversations(path)
         return
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{n}: not valid JSON ({e.msg}); bench.context_source takes ShareGPT "
-                                  "conversations, one JSON object per line") from None
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ConfigError(f"{path}:{n}: not valid JSON ({e.msg}); bench.context_source takes ShareGPT "
+                                      "conversations, one JSON object per line") from None
 
 
 def pairs(conv) -> list[tuple[str, str]]:

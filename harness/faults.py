@@ -57,16 +57,17 @@ _FIXES = {
     errno.EROFS: "the file system is read-only: point the setting at a writable one",
     errno.ENOTDIR: "a file stands where a folder is needed: move it away, or point the setting elsewhere",
     errno.EISDIR: "a folder stands where a file is needed: move it away, or point the setting elsewhere",
-    errno.ENOENT: "a folder it needs is gone (removed while running?): recreate it, or point the setting elsewhere",
+    errno.ENOENT: "it is not there (a typo, or removed while running?): check the path, or point the setting elsewhere",
     errno.EEXIST: "something already stands there: move it away, or point the setting elsewhere",
 }
 
 
-def os_error_line(e: OSError, doing: str = "") -> str:
-    """One line for an OSError: what was being done, the path, the OS's words, the setting, the fix."""
+def os_error_line(e: OSError, doing: str = "", path=None) -> str:
+    """One line for an OSError: what was being done, the path, the OS's words, the setting, the fix.
+    `path`: what was being written where the error names no file (a write() that hit a full disk)."""
+    setting = setting_of(e.filename or path)
     path = e.filename
     why = e.strerror or str(e) or type(e).__name__
-    setting = setting_of(path)
     fix = _FIXES.get(e.errno, "check the path and the disk, then rerun")
     if setting is None:
         fix = fix.replace(", or point the setting elsewhere", "").replace("point the setting elsewhere", "use another")
@@ -88,20 +89,28 @@ def guarded(run: Callable[[], int | None], app: str, interrupted: str = "") -> i
         return run() or 0
     except SystemExit as e:  # an exit code chosen inside (Hydra's task function exits this way)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else _say(str(e.code), 2))
-    except ConfigError as e:
+    except BaseException as e:  # noqa: BLE001 -- the boundary itself
+        return exit_for(e, app, interrupted)
+
+
+def exit_for(e: BaseException, app: str, interrupted: str = "") -> int:
+    """Say what `e` means in one `error:` line (a traceback first for a failure of the code itself)
+    and return its exit code (module docstring)."""
+    if isinstance(e, ConfigError):
         return _say(str(e), EXIT["bad input"])
-    except KeyboardInterrupt:
+    if isinstance(e, KeyboardInterrupt):
         return _say(f"interrupted; {interrupted}" if interrupted else "interrupted", EXIT["interrupted"])
-    except Fault as e:
+    if isinstance(e, Fault):
         return _say(str(e), EXIT["failed"])
-    except OSError as e:
+    if isinstance(e, OSError):
         return _say(os_error_line(e), EXIT["failed"])
-    except MemoryError:
+    if isinstance(e, MemoryError):
         return _say(f"{app} ran out of memory; lower the sizes that set it (bench.reps, bench.max_new_tokens, "
                     "bench.context, the batch)", EXIT["failed"])
-    except Exception as e:  # noqa: BLE001 -- the traceback for whoever debugs it, then the one line
-        traceback.print_exc()
-        return _say(f"{app} failed: {type(e).__name__}: {_first_line(e)} (traceback above)", EXIT["failed"])
+    if isinstance(e, SystemExit):
+        return e.code if isinstance(e.code, int) else EXIT["failed"]
+    traceback.print_exception(e)
+    return _say(f"{app} failed: {type(e).__name__}: {_first_line(e)} (traceback above)", EXIT["failed"])
 
 
 def _first_line(e: BaseException) -> str:

@@ -2,9 +2,11 @@
 
 A gate file (conf/gate/<name>.yaml) lists checks; each names a cell as overrides and
 bounds on metrics of that cell's record summary (`min`: metric >= value, `max`:
-metric <= value). Every cell is measured like any other (paired with base, records
-written to out_dir, resumable); the gate then prints one table row per bound and
-returns 1 if any bound is not met or a cell did not run.
+metric <= value). Every cell is measured like any other (paired with base, its record
+written to out_dir), and always measured: a gate re-runs its cells whatever out_dir holds
+(force=true) and judges only records this run made, so a folder of old records cannot pass
+it. A gate without checks is refused before it runs (harness/preflight.py). The gate then
+prints one table row per bound and returns 1 if any bound is not met or a cell did not run.
 """
 
 from __future__ import annotations
@@ -19,24 +21,28 @@ from tabulate import tabulate
 
 from harness.errors import ConfigError
 from harness.records import read_record
-from harness.run import run_cell
+from harness.run import RUN, run_cell
 
 
 def _cell_config(cfg, check):
     # The command line (minus the gate itself) applies to every check, then the check's own overrides.
     task = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith("gate")]
     try:
-        return compose(config_name="config", overrides=[*task, *check.overrides, f"out_dir={cfg.out_dir}"])
+        return compose(config_name="config", overrides=[*task, *check.overrides, f"out_dir={cfg.out_dir}", "force=true"])
     except Exception as e:  # noqa: BLE001 -- Hydra's errors are multi-line; name the check instead
         raise ConfigError(f"gate check {check.name!r} has bad overrides {list(check.overrides)}: "
                           f"{str(e).splitlines()[0]}") from None
 
 
-def evaluate(check, record: dict | None) -> list[list]:
-    """Table rows [check, metric, bound, value, verdict] for one check's record."""
+def evaluate(check, record: dict | None, run_id: str | None = None) -> list[list]:
+    """Table rows [check, metric, bound, value, verdict] for one check's record; with `run_id`, a
+    record another run made fails (it measured nothing now)."""
     if record is None or record.get("status") != "ok":
         why = "no record" if record is None else f"{record['status']}: {record.get('reason')}"
         return [[check.name, "cell", "runs", why, "FAIL"]]
+    made_by = (record.get("run") or {}).get("id") if isinstance(record.get("run"), dict) else None
+    if run_id is not None and made_by != run_id:
+        return [[check.name, "cell", "measured by this run", f"the record was made by run {made_by}", "FAIL"]]
     summary = record["summary"]
     rows = []
     for op, bounds in ((">=", check.min), ("<=", check.max)):
@@ -83,7 +89,7 @@ def run_gate(cfg) -> int:
         print(f"gate {cfg.gate.name}: check {i}/{len(cfg.gate.checks)} {check.name}", file=sys.stderr, flush=True)
         path = run_cell(_cell_config(cfg, check))
         record = read_record(Path(path)) if path else None
-        rows += evaluate(check, record)
+        rows += evaluate(check, record, RUN["id"])
         flagged += [f"  {check.name}: {line}" for line in (outliers(record) if record and record.get("status") == "ok" else [])]
     failed = [r for r in rows if r[-1] == "FAIL"]
     if flagged:

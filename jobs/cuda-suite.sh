@@ -16,6 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 P=${1:-4}
+[[ "$P" =~ ^[1-9][0-9]*$ && "$P" -le 64 ]] || { echo "error: P=$P is not a process count: give 1-64 (bash jobs/cuda-suite.sh 4)" >&2; exit 2; }
 OUT=${OUT:-/tmp/cuda-suite}; mkdir -p "$OUT"
 TIMEOUT_S=${TIMEOUT_S:-540}
 if [ -z "${FILES:-}" ]; then

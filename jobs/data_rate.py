@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import mlx.core as mx
 
+from harness.errors import ConfigError
+from harness.faults import guarded
 from harness.models.load import load_target
 from harness.models.resolve import resolve_model
 from train import batch_decode
@@ -38,9 +41,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--grid", action="store_true")
     a = ap.parse_args()
+    if min(a.n, a.width, a.max_new, a.reps, *a.admit) < 1:
+        raise ConfigError(f"--n, --width, --max-new, --reps and --admit must all be >= 1 (got {a.n}, {a.width}, "
+                          f"{a.max_new}, {a.reps}, {a.admit})")
     model, tok = load_target(resolve_model(a.model, a.dtype), a.dtype)
     if a.grid:
-        return step_grid(model, a.out)
+        step_grid(model, a.out)
+        return 0
     if a.cache is None:
         ap.error("--cache <data cache with prompts.jsonl> is needed to time the admission sizes")
     texts = [json.loads(line)["prompt"] for line in (a.cache / "prompts.jsonl").read_text().splitlines()]
@@ -93,4 +100,4 @@ def _time_steps(model, width: int, context: int, steps: int) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(guarded(main, "jobs/data_rate.py"))

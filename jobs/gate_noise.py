@@ -7,7 +7,8 @@ resumed); its table goes to <out>/run-NN.txt. The summary (<out>/summary.md, als
 gives per bound the runs that passed, the minimum and maximum reading and the worst run's
 margin: how far the worst reading sits from the bound, as a fraction of the bound. A gate
 that fails on noise shows here as a bound whose worst margin is near or below zero.
-Exit status: 0 when every run passed, 1 otherwise.
+Exit status: 0 when every run passed, 1 when a run's bound fell short, the run's own code when
+one failed otherwise (3: a crash, 5: the device stayed held), 2 for bad arguments (--runs 0).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from harness.errors import ConfigError
+from harness.faults import guarded, writable_dir
 
 
 def table_rows(text: str) -> list[list[str]]:
@@ -64,23 +68,31 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--out", default="results/gate-noise")
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    runs, failed = [], 0
+    if not 1 <= args.runs <= 1000:
+        raise ConfigError(f"--runs={args.runs}: a noise study needs 1 to 1000 runs of the gate (e.g. --runs 10)")
+    out = writable_dir(args.out, "--out", "pass a writable folder, e.g. --out results/gate-noise")
+    runs, codes = [], []
     for i in range(1, args.runs + 1):
         t0 = time.time()
         res = subprocess.run([sys.executable, "-m", "harness", f"+gate={args.gate}", f"out_dir={out}/run-{i:02d}"],
                              capture_output=True, text=True)
         (out / f"run-{i:02d}.txt").write_text(res.stdout + res.stderr)
         runs.append(table_rows(res.stdout))
-        failed += res.returncode != 0
+        codes.append(res.returncode)
         print(f"gate-noise: run {i}/{args.runs} exit {res.returncode} ({time.time() - t0:.0f} s)", file=sys.stderr,
               flush=True)
     text = summarize(runs)
     (out / "summary.md").write_text(text + "\n")
     print(text)
-    return 1 if failed else 0
+    return worst(codes)
+
+
+def worst(codes: list[int]) -> int:
+    """The study's exit code: a run that failed otherwise than by a bound (3, 5, ...) wins over one
+    whose bound fell short (1), so a crash is never read as noise."""
+    crashed = [c for c in codes if c not in (0, 1)]
+    return max(crashed) if crashed else (1 if 1 in codes else 0)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(guarded(lambda: main(sys.argv[1:]), "jobs/gate_noise.py"))

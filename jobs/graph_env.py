@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +39,8 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
 import engines.dispatch as dispatch_module  # noqa: E402
 from engines.target import Target  # noqa: E402
+from harness.errors import ConfigError  # noqa: E402
+from harness.faults import guarded  # noqa: E402
 from harness.models.fixtures import FIXTURES  # noqa: E402
 
 SMOLLM2 = dict(model_type="llama", hidden_size=576, num_hidden_layers=30, intermediate_size=1536,
@@ -244,6 +247,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.tiny and not set(a.methods) <= {"eagle3", "dflash_a"}:  # refused before any work
         ap.error("--tiny has fixture drafters for eagle3 and dflash_a only")
+    if not 1 <= a.n <= 100_000 or not all(1 <= r <= 65_536 for r in a.rows):
+        raise ConfigError(f"--n={a.n} and --rows={a.rows}: give 1-100000 timed calls and widths of 1-65536 rows")
     cfg = TINY if a.tiny else SMOLLM2
     context = 16 if a.tiny else 300  # keys already cached when a call is timed
     model = build(cfg, getattr(mx, a.dtype or ("float32" if a.tiny else "bfloat16")), a.bits)
@@ -273,4 +278,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(guarded(main, "jobs/graph_env.py"))

@@ -7,6 +7,8 @@ median costs in ms, to read at a glance between device calls.
 import json
 import sys
 
+from harness.faults import guarded
+
 COSTS = ("step", "step_pipelined", "verify_2", "verify_8", "verify_16", "tree_16", "tree_16_bool_mask")
 
 
@@ -24,4 +26,6 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if len(sys.argv) != 2:
+        sys.exit("usage: python jobs/graph_env_summary.py graph-env.jsonl")
+    sys.exit(guarded(lambda: main(sys.argv[1]), "jobs/graph_env_summary.py"))

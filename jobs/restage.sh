@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 mb=${1:-6}
+[[ "$mb" =~ ^[1-9][0-9]*$ ]] || { echo "error: $mb is not a part size in MB: give a whole number >= 1 (bash jobs/restage.sh 6)" >&2; exit 2; }
 [ -f .gpu/a/libmlx.part00 ] && [ -f .gpu/b/libmlx.part01 ] && [ -f .gpu/c/libmlx.part02 ] ||
   { echo "error: run ../shared/gpu/stage.sh first (no .gpu/a, .gpu/b, .gpu/c thirds of libmlx)" >&2; exit 2; }
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
