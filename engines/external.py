@@ -50,22 +50,30 @@ class External(Engine):
     def caches(self) -> list:
         return list(getattr(self, "_caches", []))
 
+    def who(self) -> str:
+        """The arm as an error names it (an outside arm adds its command or address)."""
+        return self.name
+
 
 class ArmReportError(RuntimeError):
-    """An arm whose loop is not the harness's said something impossible (a token id outside
-    the vocabulary, counts that do not add up, time running backwards): its cell is an error."""
+    """An arm said something impossible (a token id outside the vocabulary, counts that contradict
+    its tokens, time running backwards) or stopped short of its budget: its cell is an error."""
 
 
-def stamped_events(steps, t0: float, arm: Engine):
+def stamped_events(steps, t0: float, arm: External):
     """(Prefill, Round...) from an iterator of (arrival time, tokens emitted, drafted, accepted,
     [V] log-probabilities or None) per step, for every arm whose loop is not the harness's.
     A first step that drafted was a whole verify round (mlx-lm's speculative loop, an engine or
     server that answers per round): its first token is the Prefill event, and the rest of the
     round, which arrived with it, a Round that keeps its drafted and accepted counts. Every
-    step is checked here, the one door outside results come through (ArmReportError)."""
-    last = None
-    for t, emitted, drafted, accepted, scores in steps:
+    step is checked here, the one door outside results come through (ArmReportError); a step's
+    token count against its accepted count once a later step shows the budget did not cut it."""
+    last, before = None, None  # before: the previous step's (tokens, accepted, first), not the last one
+    for i, (t, emitted, drafted, accepted, scores) in enumerate(steps):
         check_step(arm, t, last if last is not None else t0, emitted, drafted, accepted, first=last is None)
+        if before is not None:
+            check_uncut(arm, i - 1, *before)
+        before = (len(emitted), accepted, last is None)
         if last is None:
             yield Prefill(emitted[0], t - t0, scores=scores)
             if len(emitted) > 1:  # the round that came with it (drafted 0: a plain step's one token)
@@ -75,24 +83,38 @@ def stamped_events(steps, t0: float, arm: Engine):
         last = t
 
 
-def check_step(arm: Engine, t: float, before: float, emitted, drafted, accepted, first: bool) -> None:
+def check_step(arm: External, t: float, before: float, emitted, drafted, accepted, first: bool) -> None:
     """ArmReportError naming `arm` and the offending value unless the step is possible: integral
     ids in [0, vocabulary), 0 <= accepted <= drafted integers, no more tokens than the accepted
     drafts and a bonus, and an arrival time not before the previous one."""
     vocab = arm.target.vocab_size
     bad = next((x for x in emitted if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < vocab), None)
     if not emitted or bad is not None:
-        raise ArmReportError(f"{arm.name} returned token id {bad!r}, outside the target's vocabulary [0, {vocab}) "
+        raise ArmReportError(f"{arm.who()} returned token id {bad!r}, outside the target's vocabulary [0, {vocab}) "
                              f"(step {list(emitted)[:8]})")
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in (drafted, accepted)) \
             or not 0 <= accepted <= drafted:
-        raise ArmReportError(f"{arm.name} reported accepted={accepted!r} of drafted={drafted!r}: counts must be "
+        raise ArmReportError(f"{arm.who()} reported accepted={accepted!r} of drafted={drafted!r}: counts must be "
                              "integers with 0 <= accepted <= drafted")
     if len(emitted) - (1 if first else 0) > accepted + 1:
-        raise ArmReportError(f"{arm.name} emitted {len(emitted)} tokens in a step that accepted {accepted} drafts "
+        raise ArmReportError(f"{arm.who()} emitted {len(emitted)} tokens in a step that accepted {accepted} drafts "
                              "(at most the accepted drafts and one bonus token)")
     if t < before:
-        raise ArmReportError(f"{arm.name}: a step arrived {before - t:.6f}s before the previous one")
+        raise ArmReportError(f"{arm.who()}: a step arrived {before - t:.6f}s before the previous one")
+
+
+def check_uncut(arm: External, step: int, n_emitted: int, accepted: int, first: bool) -> None:
+    """ArmReportError naming `arm` unless a step that was not a generation's last (so neither the
+    budget nor a stop token cut it) emitted its accepted drafts and one token more: accepted + 1
+    tokens, or on the first step also its prefill token before them (accepted + 2). Else its
+    counts contradict its tokens, and acceptance would read what it claimed, not what it emitted."""
+    allowed = (accepted + 1, accepted + 2) if first else (accepted + 1,)
+    if n_emitted not in allowed:
+        raise ArmReportError(
+            f"{arm.who()} emitted {n_emitted} token(s) in step {step + 1}, which reported accepted={accepted}, and "
+            f"more steps followed: a step the budget did not cut emits its accepted drafts and one token more "
+            f"({' or '.join(map(str, allowed))}{' with the first token' if first else ''}). Fix: report per "
+            "line the drafted/accepted counts of the round whose tokens it carries, or leave them out")
 
 
 def _events(responses, t0: float, arm: Engine):

@@ -3,7 +3,8 @@
 
 The protocol is JSON lines over the engine's stdin/stdout (stderr is its log, kept):
 
-    engine -> {"type": "ready", "implementation": "...", "version": "..."}     once, at start
+    engine -> {"type": "ready", "implementation": "...", "version": "...",
+               "blas": "/path/to/the/library/serving/cblas_sgemm"}               once, at start (blas optional)
     harness -> {"type": "generate", "id": 1, "prompt_ids": [...], "max_new_tokens": 64,
                 "temperature": 0.0, "seed": 0, "stop_ids": [...]}
     engine -> {"id": 1, "tokens": [...], "drafted": 3, "accepted": 2}        per token or per round
@@ -14,9 +15,15 @@ The protocol is JSON lines over the engine's stdin/stdout (stderr is its log, ke
 drafted and accepted all but one of them, and the record says acceptance was inferred.
 Times are the harness's own clock at each line's arrival (a reader thread stamps them), so
 the arm is timed as the harness's arms are: first token, then tokens after it over the time
-after it. Any failure (the engine will not start, dies, writes a malformed line, stalls past
-method.request_timeout_s, a bound on the whole request) raises OutsideError naming it, and
-the cell is an `error` record.
+after it; decode time ends at the last token's arrival, and how long the reply went on after
+it (a late `done`) is kept and warned about when long. Any failure (the engine will not start,
+dies, writes a malformed line, stalls past method.request_timeout_s, a bound on the whole
+request) raises OutsideError naming it, and the cell is an `error` record.
+
+Every process the harness starts here runs on the harness's BLAS: harness.blas loaded it with
+dlopen, which a child does not inherit, so it is preloaded for the child (blas.child_env). The
+record says what the harness runs on, what the child was given and, where the engine says so
+(the ready line's `blas`), what it runs on; another library than the harness's is a warning.
 """
 
 from __future__ import annotations
@@ -36,9 +43,13 @@ from pathlib import Path
 from engines.errors import Unsupported
 from engines.external import External, stamped_events
 from engines.home import home
+from harness import blas
 
 STDERR_TAIL = 40  # lines of the engine's log quoted in an error
 TAIL_S = 5.0  # how long a stream may run on past its last needed token (for its closing usage/timings chunk)
+# A reply that goes on after its last token for longer than this share of its decode time (and
+# LONG_TAIL_MIN_S) is warned about: tok/s ends at the last token, but each request waits it out.
+LONG_TAIL_SHARE, LONG_TAIL_MIN_S = 0.25, 0.05
 
 
 class OutsideError(RuntimeError):
@@ -64,10 +75,11 @@ class Child:
         self.command, self.log_path = command, Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 -- closed in close()
+        self.blas_given = blas.child_blas()  # the harness's BLAS, preloaded for it (module docstring)
         try:
             self.proc = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE if read_stdout else self._log,
-                                         stderr=subprocess.PIPE, text=True, bufsize=1)
+                                         stderr=subprocess.PIPE, text=True, bufsize=1, env=blas.child_env())
         except OSError as e:
             self._log.close()
             raise OutsideError(f"could not start `{command}`: {e}") from None
@@ -160,6 +172,42 @@ def log_path(kind: str) -> Path:
     return home() / "outside-logs" / f"{kind}-{os.getpid()}-{time.time_ns()}.log"
 
 
+def blas_footing(who: str, child: Child | None, reported: str | None) -> tuple[dict, list[str]]:
+    """The record's `blas` for an outside arm (what the harness runs on, what the child was given,
+    what it says it runs on) and a one-line warning, with the fix, when that is another library."""
+    from harness.env import environment
+
+    ours = environment().get("blas")  # None on GPU backends: the CPU BLAS does not time them
+    out = {"harness": ours, "harness_kind": blas.kind_of(ours) if ours else None,
+           "given": child.blas_given if child else "nothing: the harness did not start it",
+           "reported": reported, "reported_kind": blas.kind_of(reported) if reported else None}
+    if not (ours and reported) or os.path.realpath(ours) == os.path.realpath(reported):
+        return out, []
+    given = (child.blas_given if child else {}).get("preload")
+    fix = (f"it was given LD_PRELOAD={':'.join(given)}; an engine that clears LD_PRELOAD or links a BLAS of its "
+           f"own must load {given[-1]} itself" if given else
+           f"the harness runs on {ours} ({blas.selection()['reason']}): {blas.FIX}, or start the engine on the "
+           "same library")
+    return out, [f"{who} runs on the {out['reported_kind']} BLAS {reported}, the harness on the {out['harness_kind']} "
+                 f"BLAS {ours}: its times are not on the footing of the harness's arms. Fix: {fix}"]
+
+
+def tail_footing(who: str, tails: list[tuple[float, float]], what: str, fix: str) -> tuple[dict, list[str]]:
+    """The record's `tail_s` for an outside arm, from (seconds its reply went on after its last
+    token, its decode seconds) per request, and a one-line warning when the tail is long."""
+    if not tails:
+        return {"requests": 0}, []
+    after, decode = sorted(a for a, _ in tails), sorted(d for _, d in tails)
+    median, median_decode = after[len(after) // 2], decode[len(decode) // 2]
+    out = {"median": round(median, 6), "max": round(after[-1], 6), "requests": len(tails),
+           "decode_s_median": round(median_decode, 6)}
+    if median < max(LONG_TAIL_MIN_S, LONG_TAIL_SHARE * median_decode):
+        return out, []
+    return out, [f"{who} {what} {median:.2f} s after its last token (median of {len(tails)} requests; max "
+                 f"{after[-1]:.2f} s; its decode time {median_decode:.2f} s): tok/s ends at the last token, so it is "
+                 f"not affected, but every request waits it out. Fix: {fix}"]
+
+
 class SubprocessArm(External):
     """An engine process speaking the subprocess protocol (module docstring)."""
 
@@ -173,6 +221,15 @@ class SubprocessArm(External):
                               "'python examples/mlx_lm_adapter.py --model <dir>'")
         self.proc = Process(cfg.command, log_path("subprocess"), cfg.startup_timeout_s)
         self.timeout_s, self.requests, self.reported = cfg.request_timeout_s, 0, True
+        self.tails: list[tuple[float, float]] = []  # (seconds from the last token to `done`, decode seconds)
+        if not isinstance(self.proc.hello.get("blas", ""), str):
+            self.proc.close(kill=True)
+            raise OutsideError(f"{self.who()} wrote a ready line whose `blas` is {self.proc.hello['blas']!r}: it "
+                               "must be the path (or name) of the library serving cblas_sgemm, or be left out")
+
+    def who(self) -> str:
+        impl = self.proc.hello.get("implementation")
+        return f"subprocess {self.proc.who()}" + (f" ({impl})" if impl else "")
 
     def generate(self, prompt, max_new_tokens, sampler, stop_tokens):
         t0 = time.perf_counter()
@@ -186,6 +243,7 @@ class SubprocessArm(External):
                         "max_new_tokens": max_new_tokens, "temperature": sampler.temperature, "seed": sampler.seed,
                         "stop_ids": sorted(stop_tokens)})
         n, until = 0, time.monotonic() + self.timeout_s  # method.request_timeout_s bounds the whole request
+        arrived = []  # the token lines' arrival times
         while True:
             t, m = self.proc.receive_stamped(self.timeout_s, f"to finish request {rid}", until)
             if m.get("id") != rid:
@@ -197,31 +255,44 @@ class SubprocessArm(External):
             tokens = m.get("tokens")
             if not isinstance(tokens, list) or not tokens or not all(isinstance(x, int) for x in tokens):
                 raise OutsideError(f"engine line {m!r} has no token ids (`tokens`: a non-empty list of ints)")
-            tokens = tokens[: max_new_tokens - n]  # an engine that overshoots the budget is cut, as every arm is
+            tokens = _cut(tokens, max_new_tokens - n, stop_tokens)
             n += len(tokens)
             drafted, accepted = m.get("drafted"), m.get("accepted")
             if drafted is None or accepted is None:
                 self.reported = False
-                drafted = accepted = len(tokens) - 1 if len(m["tokens"]) > 1 else 0
+                drafted = accepted = len(tokens) - 1
+            arrived.append(t)
             yield t, tokens, drafted, accepted, None
-            if n >= max_new_tokens or set(tokens) & stop_tokens:
+            if n >= max_new_tokens or tokens[-1] in stop_tokens:
                 break
         if n == 0:
             raise OutsideError(f"engine finished request {rid} without a token")
-        if not m.get("done"):  # drain to the done line so the next request starts clean
-            while not self.proc.receive(self.timeout_s, f"to finish request {rid}", until).get("done"):
-                pass
+        while not m.get("done"):  # drain to the done line so the next request starts clean
+            t, m = self.proc.receive_stamped(self.timeout_s, f"to finish request {rid}", until)
+        self.tails.append((t - arrived[-1], arrived[-1] - arrived[0]))
 
     def close(self) -> None:
         self.proc.close()
 
     def describe(self):
         h = self.proc.hello
+        footing, blas_warnings = blas_footing(self.who(), self.proc, h.get("blas"))
+        tail, tail_warnings = tail_footing(self.who(), self.tails, "wrote its `done` line",
+                                           "write `done` right after the last token (finish other work before it)")
         return {"implementation": h.get("implementation", "?"), "version": h.get("version"),
                 "acceptance_observed": self.reported, "command": self.proc.command, "log": str(self.proc.log_path), "protocol": "subprocess JSON lines",
                 "observed": "token ids and arrival times per line; drafted/accepted "
                             + ("as the engine reported them" if self.reported else "inferred from tokens per line "
-                               "(the engine reported none)") + "; no logits, so divergence margins are unavailable"}
+                               "(the engine reported none)") + "; no logits, so divergence margins are unavailable",
+                "blas": footing, "tail_s": tail, "warnings": blas_warnings + tail_warnings}
+
+
+def _cut(tokens: list[int], room: int, stop_tokens: frozenset[int]) -> list[int]:
+    """The tokens a line adds to the output: at most `room` (an engine that overshoots the budget is
+    cut, as every arm is), and none after the first stop token (the harness's loop ends there)."""
+    tokens = tokens[:room]
+    stop = next((i for i, x in enumerate(tokens) if x in stop_tokens), None)
+    return tokens if stop is None else tokens[: stop + 1]
 
 
 def _count(x) -> bool:
@@ -266,12 +337,16 @@ class ServerArm(External):
                                "listens: stop it, or give the launched server another port (in method.url too)")
         self.child = Child(cfg.launch, log_path("server")) if cfg.launch else None
         self.reported: dict = {}  # what the server said about its drafting (llama.cpp's timings)
+        self.tails: list[tuple[float, float]] = []  # (seconds from the last needed chunk to the stream's end, decode s)
         self.prompt_tokens_seen: list[tuple[int, int]] = []  # (server's prompt token count, ours)
         try:
             self.health = self._wait_healthy(cfg.startup_timeout_s)
         except BaseException:
             self.close()
             raise
+
+    def who(self) -> str:
+        return f"server at {self.url}"
 
     def _wait_healthy(self, timeout_s: float) -> str:
         path = self._poll_health(timeout_s)
@@ -377,6 +452,7 @@ class ServerArm(External):
                 self.tokens_done, self.until = True, min(self.until, time.monotonic() + TAIL_S)
         if not text:
             raise OutsideError(f"server at {self.url} streamed no text for a prompt of {prompt_len} tokens")
+        self.tails.append((time.perf_counter() - arrivals[-1][0], arrivals[-1][0] - arrivals[0][0]))
         yield from self._aligned(text, arrivals, max_new_tokens)
 
     def _aligned(self, text: str, arrivals: list[tuple[float, int]], max_new_tokens: int):
@@ -421,6 +497,11 @@ class ServerArm(External):
 
     def describe(self):
         differ = [s for s in self.prompt_tokens_seen if s[0] != s[1]]
+        footing, blas_warnings = blas_footing(self.who(), self.child, None)  # a server does not say its BLAS
+        tail, tail_warnings = tail_footing(
+            self.who(), self.tails, f"kept its stream open (closed by the harness {TAIL_S:g} s after the last "
+            "needed token when it does not end)", "end the stream (`data: [DONE]`) after the last token, or ask for "
+            "no more tokens than it should send")
         return {"implementation": f"OpenAI-compatible server at {self.url}", "model": self.model,
                 "acceptance_observed": False,
                 "launch": self.child.command if self.child else None,
@@ -430,6 +511,8 @@ class ServerArm(External):
                 "observed": "streamed text re-encoded with the target's tokenizer into ids (not the server's own ids); "
                             "chunk arrival times; per-round acceptance unobservable over HTTP (llama.cpp's totals "
                             "are in server_reported); no logits, so divergence margins are unavailable",
-                "warnings": [f"the server tokenized {len(differ)} of {len(self.prompt_tokens_seen)} prompts to another "
-                             f"length than the harness's ids (first: {differ[0][0]} tokens against {differ[0][1]}; e.g. a "
-                             "BOS added twice), so it answered other prompts than the other arms"] if differ else []}
+                "blas": footing, "tail_s": tail,
+                "warnings": ([f"the server tokenized {len(differ)} of {len(self.prompt_tokens_seen)} prompts to another "
+                              f"length than the harness's ids (first: {differ[0][0]} tokens against {differ[0][1]}; e.g. "
+                              "a BOS added twice), so it answered other prompts than the other arms"] if differ else [])
+                            + blas_warnings + tail_warnings}

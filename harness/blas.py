@@ -289,3 +289,32 @@ def defining_library(scope: str | None, symbol: str) -> str | None:
     except (AttributeError, OSError):
         pass
     return None
+
+
+def child_blas(sel: dict | None = None) -> dict:
+    """What a process the harness starts (an outside engine, a server) is given so that its MLX
+    multiplies on this process's BLAS: the selected library and what it needs, to preload in
+    that order, and the settings select() made for it. Nothing where this process runs on the
+    wheel's own BLAS (or on a GPU): the child's wheel then gives it the same."""
+    sel = sel or selection()
+    library = sel.get("library") if sel.get("action") in ("loaded", "kept") else None
+    return {"library": library, "kind": kind_of(library) if library else None,
+            "preload": [*sel.get("needs", []), library] if library else [],
+            "env_set": dict(sel.get("env_set") or {}) if library else {}}
+
+
+def child_env(environ=None, sel: dict | None = None) -> dict:
+    """The environment for a process the harness starts: this one's, with child_blas()'s
+    libraries appended to LD_PRELOAD (after any the user set; one already there is not added
+    twice) and its settings where the environment has none. The library was loaded here with
+    dlopen, which a child does not inherit: without LD_PRELOAD, a child running MLX multiplies
+    on the wheel's reference BLAS (examples/mlx_lm_adapter.py as an arm read 0.38x base so)."""
+    env = dict(os.environ if environ is None else environ)
+    given = child_blas(sel)
+    for key, value in given["env_set"].items():
+        env.setdefault(key, value)
+    have = env.get("LD_PRELOAD", "").replace(":", " ").split()  # ld.so splits it at spaces and colons
+    add = [p for p in given["preload"] if os.path.realpath(p) not in map(os.path.realpath, have)]
+    if add:
+        env["LD_PRELOAD"] = ":".join(x for x in (env.get("LD_PRELOAD", "").strip(), *add) if x)
+    return env

@@ -1,9 +1,11 @@
 """One generation of one engine on one prompt, collected from the decode loop, and the
 record fields it gives: per-round columns, time to first token, per-rep timings.
 
-The loop (harness/loop.py) yields events and reads the per-round clocks; run_generation
-gathers them into a Generation, times the generation as a whole, and reads memory and cache
-sizes after the clock stops.
+The loop (harness/loop.py) yields events and reads the per-round clocks (an outside arm's
+events carry its tokens' arrival times: engines/external.py); run_generation gathers them into
+a Generation, ends its decode time at the last token's arrival, keeps how long the generator
+went on after it (`tail_s`), checks the generation reached its budget or a stop token, and
+reads memory and cache sizes after the clock stops.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import mlx.core as mx
 
 from engines.base import Engine, Prefill, Round
 from engines.cache import cache_nbytes
+from engines.external import ArmReportError
 from engines.sampling import Sampler
 from harness.heartbeat import HEARTBEAT
 from harness.loop import generate
@@ -27,13 +30,15 @@ class Generation:
 
     tokens: list[int]
     prefill_s: float
-    decode_s: float  # from the first token to the last, including the last round's barrier
+    decode_s: float  # from the first token's arrival to the last token's: the rounds' seconds, end to end
     rounds: list[Round] = field(default_factory=list)
     peak_bytes: int = 0  # peak device memory during the generation (weights included)
     cache_bytes: int = 0  # bytes held by the arm's caches at its end
     first_phases: dict | None = None  # profiled split of the time to first token (prefill, prepare)
     scores: list = field(default_factory=list)  # per output position, the arm's own [V] log-probabilities
     #                                             (external arms that give them, when asked to keep them)
+    tail_s: float = 0.0  # from the last token's arrival to the generator's end: the loop's final barrier (the
+    #                      last round's lazy rollback), an outside engine's late `done`, a stream left open
 
     @property
     def decode_tokens(self) -> int:
@@ -43,6 +48,8 @@ class Generation:
 
     @property
     def decode_tps(self) -> float:
+        if not self.decode_tokens:
+            return 0.0  # every token came with the first (a budget of 1, a stop token at once): no decode rate
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
 
     @property
@@ -89,10 +96,28 @@ def run_generation(engine: Engine, ids: list[int], max_new_tokens: int, sampler:
         if keep_scores and ev.scores is not None:
             gen.scores.append(ev.scores)
         HEARTBEAT.beat(": %d/%d tokens of a %s generation", len(gen.tokens), max_new_tokens, engine.name)
-    gen.decode_s = time.perf_counter() - t0 - gen.prefill_s
+    ended = time.perf_counter()
+    # Rounds are timed end to end from the first token, so their sum ends at the last token's
+    # arrival: what follows it (a final barrier, a late `done`) is no arm's decoding.
+    gen.decode_s = sum(r.seconds for r in gen.rounds)
+    gen.tail_s = max(ended - t0 - gen.prefill_s - gen.decode_s, 0.0)
     mx.eval(engine.state())  # untimed: work an arm left in flight must not run inside the next arm's timing
     gen.peak_bytes, gen.cache_bytes = mx.get_peak_memory(), cache_nbytes(engine.caches())
+    check_complete(engine, gen.tokens, max_new_tokens, stop_tokens)
     return gen
+
+
+def check_complete(engine: Engine, tokens: list[int], max_new_tokens: int, stop_tokens: frozenset[int]) -> None:
+    """ArmReportError naming the arm when its output ended before the budget without a stop
+    token: its tok/s would time a shorter job than the other arm's (an engine that stopped at 5
+    of 24 tokens read 61.9x base)."""
+    if len(tokens) >= max_new_tokens or (tokens and tokens[-1] in stop_tokens):
+        return
+    who = engine.who() if engine.external else engine.name
+    stops = f"stop ids {sorted(stop_tokens)[:8]}" if stop_tokens else "no stop ids: bench.stop_at_eos=false"
+    raise ArmReportError(f"{who} ended after {len(tokens)} of max_new_tokens={max_new_tokens} tokens without a stop "
+                         f"token ({stops}). Fix: generate until max_new_tokens, ignoring EOS unless it is "
+                         "a stop id (a server: start it so that it ignores EOS, e.g. llama.cpp's --ignore-eos)")
 
 
 def round_table(gen: Generation) -> dict:
@@ -135,6 +160,7 @@ def timings(gens: list[Generation]) -> dict:
     tps = [x.decode_tps for x in gens]
     median = statistics.median(tps)
     return {"prefill_s": [x.prefill_s for x in gens], "decode_s": [x.decode_s for x in gens], "decode_tps": tps,
+            "tail_s": [round(x.tail_s, 6) for x in gens],
             "n_tokens_reps": [len(x.tokens) for x in gens], "e2e_tps": [x.e2e_tps for x in gens],
             "outlier_reps": [r for r, t in enumerate(tps) if t < median / OUTLIER_FACTOR],
             # the typical round, untouched by rare slow ones (a recompile, a stall): per-round cost side by side
