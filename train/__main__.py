@@ -8,7 +8,14 @@ published layout (config.json + model.safetensors), training.json (config, data 
 steps, wall time, final losses, held-out accuracy per position) and curves.png. The export
 is read back through the engine's own strict loader before the command reports success.
 
-Exit codes: 0 trained (or stopped early on purpose, resumable), 2 bad input.
+Before Hydra makes `out`, the command line is composed and every setting checked (numbers finite
+and in range, out, data.cache_dir and the harness home writable, named files there); once the
+target loads, the objective checks the ids and sizes it takes from it, and train.init is read,
+all before the data step makes or reads anything. What escapes leaves through the fault boundary
+(harness/faults.py). Exit codes: 0 trained (or stopped early on purpose, resumable), 2 bad input
+(one line naming the setting; nothing written), 3 the machine refused a write (one line naming the
+file, the setting and the cure) or a failure of the code (its traceback, then one line), 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -23,19 +30,25 @@ import os  # noqa: E402
 import random  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from engines.errors import DrafterError, Unsupported  # noqa: E402
+from engines.home import checked_home  # noqa: E402
+from harness import faults  # noqa: E402
 from harness.config import check_out_dir, conf_dir  # noqa: E402
 from harness.env import environment  # noqa: E402
 from harness.errors import ConfigError, TargetError  # noqa: E402
 from harness.flags import ONLY_ONE, compose_first_job  # noqa: E402
 from harness.models.resolve import resolve_model  # noqa: E402
-from train.config import register, validate  # noqa: E402
+from train.config import from_composed, register, validate  # noqa: E402
+from train.files import write_text_atomic, writing  # noqa: E402
+
+APP = "training"  # "training failed: ..." for a failure of the code
+KEPT = "what was written is kept (data shards, checkpoints): rerun the same command to resume"
+MADE_BY_RUN: list[Path] = []  # folders `out` needed that did not exist before this command, leaf first
 
 
 def log(msg: str) -> None:
@@ -94,19 +107,21 @@ def train(cfg) -> int:
     from train.loop import fit, load_best, plot
 
     validate(cfg)
+    out = Path(cfg.out).expanduser()
+    cache = Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else out / "data"
+    name_paths(cfg, out)
     if cfg.train.memory_limit_gb:  # processes sharing a GPU each keep freed buffers cached unless told not to
         mx.set_memory_limit(int(cfg.train.memory_limit_gb * 2**30))
         mx.set_cache_limit(int(cfg.train.memory_limit_gb * 2**30 / 10))
     t0 = time.perf_counter()
-    out = Path(cfg.out).expanduser()
-    lock = hold_out_lock(out)  # noqa: F841 -- held until this process ends
     ckpt = resolve_model(cfg.arch.model, cfg.arch.dtype, cfg.arch.gguf_dequantize, log)
     target, tokenizer = load_target(ckpt, cfg.arch.dtype)
     target.eval()
     target.freeze()
     objective = objective_for(cfg.train.kind)
-    objective.check(target)
-    rows, data_info = data.build(target, tokenizer, ckpt, cfg.data, Path(cfg.data.cache_dir or out / "data"), log)
+    check_before_data(objective, target, tokenizer, cfg.train)
+    lock = hold_out_lock(out)  # noqa: F841 -- held until this process ends
+    rows, data_info = data.build(target, tokenizer, ckpt, cfg.data, cache, log)
     if rows is None or cfg.data.stop_after == "answers":
         if rows is not None:
             log(f"data: {len(rows.ids)} rows, {rows.answer_tokens()} answer tokens in {data_info['cache']} "
@@ -124,10 +139,11 @@ def train(cfg) -> int:
     plot(state.history, out / "curves.png", f"{cfg.arch.name} {cfg.train.kind}")
     exported = state.step
     if cfg.train.export == "best":  # a small dataset overfits: ship the step that generalised best
-        exported = load_best(out / "ckpt", obj.module) or state.step
+        exported = load_best(out / "ckpt", obj.module, log) or state.step
         if exported != state.step:
             log(f"train {cfg.train.kind}: exporting step {exported} (lowest held-out loss; train.export=last for the final step)")
-    obj.export(obj.module, out, getattr(mx, cfg.train.save_dtype))
+    with writing(out):  # the engines' writers name no file when the disk refuses
+        obj.export(obj.module, out, getattr(mx, cfg.train.save_dtype))
     obj.load(out)  # the engine's strict loader reads back what was written, or this raises
     record = {"kind": cfg.train.kind, "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
               "target": {"spec": cfg.arch.model, "checkpoint": str(ckpt), "dtype": cfg.arch.dtype},
@@ -138,12 +154,27 @@ def train(cfg) -> int:
               "final": _final(state.history), "history": state.history,
               "weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
               "env": environment()}
-    tmp = out / ".training.json.tmp"
-    tmp.write_text(json.dumps(record, indent=1, default=str))
-    tmp.replace(out / "training.json")
+    write_text_atomic(out / "training.json", json.dumps(record, indent=1, default=str))
     what = "" if stopped is None else f" as of step {state.step}/{cfg.train.steps}; rerun to continue"
     log(f"train {cfg.train.kind}: wrote {out} (config.json, model.safetensors, training.json, curves.png){what}")
     return 0
+
+
+def name_paths(cfg, out: Path) -> None:
+    """Tell the fault boundary which setting chose each folder, so an OS error's line names it."""
+    faults.name_path(out, "out")
+    if cfg.data.cache_dir:
+        faults.name_path(cfg.data.cache_dir, "data.cache_dir")
+    checked_home()  # names SPEC_HARNESS_HOME for the converted models under it
+
+
+def check_before_data(objective, target, tokenizer, cfg) -> None:
+    """Everything that needs the target but no data, so a refusal leaves no data cache: the ids and
+    sizes the objective takes from the target, and train.init read as this drafter (a drafter built
+    without rows; the one that trains is built again once the rows are there)."""
+    objective.check(target, cfg)
+    if cfg.init:
+        objective(target, tokenizer, cfg, [], []).warm_start(Path(cfg.init))
 
 
 def _at(history: list, step: int) -> dict | None:
@@ -170,42 +201,68 @@ def _final(history: list) -> dict:
 
 @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="training")
 def _hydra_main(cfg: DictConfig) -> None:
-    sys.exit(guarded(train, OmegaConf.to_object(cfg)))
+    code = guarded(train, OmegaConf.to_object(cfg))
+    if code == faults.EXIT["bad input"]:
+        _drop_made_folders()
+    sys.exit(code)
 
 
 def guarded(run, cfg) -> int:
-    """run(cfg)'s exit code, with the benchmark's codes for what goes wrong: 2 bad input (one
-    line), 3 a failure while training (its traceback, then one line), 130 interrupted."""
+    """run(cfg) inside the fault boundary (harness/faults.py), with training's words: a drafter or
+    target that does not fit is bad input (2), running out of memory names training's sizes."""
+    return faults.guarded(lambda: _in_training_terms(run, cfg), APP, KEPT)
+
+
+def _in_training_terms(run, cfg) -> int:
     try:
         return run(cfg)
-    except (ConfigError, DrafterError, TargetError, Unsupported) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("error: interrupted; what was written is kept (data rounds, checkpoints): rerun the same command to "
-              "resume", file=sys.stderr)
-        return 130
-    except Exception:  # noqa: BLE001 -- the traceback for whoever debugs it, then the one line
-        traceback.print_exc()
-        print("error: training failed (traceback above); checkpoints already under out/ckpt are kept: rerun the "
-              "same command to resume", file=sys.stderr)
-        return 3
+    except (DrafterError, TargetError, Unsupported) as e:
+        raise ConfigError(str(e)) from None
+    except MemoryError:
+        raise faults.Fault("training ran out of memory; lower train.batch, data.batch or data.max_len, or give it "
+                           "more (train.memory_limit_gb)") from None
+
+
+def preflight(args: list[str]) -> None:
+    """Everything checked before Hydra makes `out` (a refusal here writes nothing): the command
+    composes, every setting is in range, and out, data.cache_dir and the harness home take files."""
+    cfg = from_composed(compose_first_job("training", args))
+    validate(cfg)
+    out = Path(str(cfg.out)).expanduser()
+    MADE_BY_RUN.extend(p for p in [out, *out.parents] if not p.exists())
+    check_out_dir(str(cfg.out), "out", "out=drafters/mine")  # Hydra makes `out` its run folder before the job
+    if cfg.data.cache_dir:
+        check_out_dir(cfg.data.cache_dir, "data.cache_dir", "data.cache_dir=drafters/data")
+    checked_home()
+    if cfg.data.prompts not in (None, "magpie", "sharegpt"):  # decoded now: a bad byte is one line, before any load
+        from train.data import read_prompt_file
+
+        read_prompt_file(Path(cfg.data.prompts).expanduser())
+
+
+def _drop_made_folders() -> None:
+    """Remove the folders Hydra made for `out` when the run stopped on bad input, as long as nothing
+    but this run's lock file is in them."""
+    for p in MADE_BY_RUN:
+        try:
+            if [f.name for f in p.iterdir()] == [".train.lock"]:
+                (p / ".train.lock").unlink()
+            p.rmdir()
+        except OSError:
+            return  # not empty, or not there
 
 
 def main() -> None:
     register()
-    try:  # compose once up front (a sweep's first job): a typo or a wrong type is one line and exit 2
-        composed = compose_first_job("training", sys.argv[1:])
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    try:  # Hydra makes `out` its run folder before the job: a file there would be its traceback
-        check_out_dir(str(composed.out), "out", "out=drafters/mine")
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    code = faults.guarded(lambda: preflight(sys.argv[1:]), APP, "nothing ran")
+    if code:
+        sys.exit(code)
     try:
         _hydra_main()
+    except SystemExit as e:
+        if e.code == 1:  # Hydra's own failure outside the job (it printed why): 1 is reserved for a gate's bound
+            sys.exit(faults.EXIT["failed"])
+        raise
     except ValueError as e:  # Hydra's refusal of flags that exclude each other (-m with --cfg): one line
         if not str(e).startswith(ONLY_ONE):
             raise

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
 import shutil
@@ -40,6 +39,7 @@ from harness.errors import ConfigError
 from harness.models import packaged
 from harness.prompts import load_suite, suite_sources
 from train import batch_decode, sharegpt
+from train.files import write_text_atomic
 
 SENTINEL = "\u2063MAGPIE\u2063"  # a user message no template alters, to find where the message starts
 STALL_ROUNDS = 3  # Magpie gives up after this many rounds in a row add no new instruction
@@ -64,9 +64,7 @@ class Rows:
 
 def read_prompt_file(path: Path) -> list[str]:
     """User prompts from a .jsonl (prompt, instruction or turns[0] per line) or a text file (one per line)."""
-    if not path.is_file():
-        raise ConfigError(f"data.prompts={path} is not a file; pass a .jsonl or .txt of prompts, or null for Magpie")
-    text = path.read_text(encoding="utf-8", errors="strict")
+    text = read_text(path, "data.prompts", "pass a UTF-8 .jsonl or .txt of prompts, or null for Magpie")
     if path.suffix != ".jsonl":
         return [line.strip() for line in text.splitlines() if line.strip()]
     out = []
@@ -76,13 +74,31 @@ def read_prompt_file(path: Path) -> list[str]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}:{n}: not JSON ({e.msg})") from None
-        value = row.get("prompt") or row.get("instruction") or (row.get("turns") or [None])[0] \
-            if isinstance(row, dict) else None
+            raise ConfigError(f"data.prompts={path}:{n}: not JSON ({e.msg})") from None
+        value = _prompt_of(row)
         if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{path}:{n}: no prompt (a string under prompt, instruction or turns[0])")
+            raise ConfigError(f"data.prompts={path}:{n}: no prompt (a string under prompt, instruction or turns[0])")
         out.append(value.strip())
     return out
+
+
+def _prompt_of(row):
+    if not isinstance(row, dict):
+        return None
+    turns = row.get("turns")
+    return row.get("prompt") or row.get("instruction") or (turns[0] if isinstance(turns, list) and turns else None)
+
+
+def read_text(path: Path, setting: str, fix: str) -> str:
+    """The UTF-8 text of a file `setting` names, or ConfigError naming both (and the fix)."""
+    if not path.is_file():
+        raise ConfigError(f"{setting}={path} is not a file; {fix}")
+    try:
+        return path.read_text(encoding="utf-8", errors="strict")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{setting}={path} is not UTF-8 text (byte {e.start}: {e.reason}); {fix}") from None
+    except OSError as e:
+        raise ConfigError(f"{setting}={path} cannot be read ({e.strerror or e}); {fix}") from None
 
 
 def user_prefix(tokenizer) -> str:
@@ -108,8 +124,11 @@ def magpie_prompts(model, tokenizer, n: int, cfg, log, partial: Path | None = No
     prefix = tokenizer.encode(user_prefix(tokenizer), add_special_tokens=False)
     out, rounds = [], 0
     if partial is not None and partial.exists():
-        done = json.loads(partial.read_text())
-        out, rounds = done["prompts"], done["rounds"]
+        try:
+            done = json.loads(_cache_text(partial))
+            out, rounds = list(done["prompts"]), int(done["rounds"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise _damaged(partial, e) from None
         log(f"magpie: resumed at {len(out)}/{n} instructions (round {rounds})")
     seen, empty = {normalise(t) for t in out}, 0
     max_rounds = 4 * -(-n // cfg.batch) + 16  # each round offers 2x batch candidates; most are usually kept
@@ -134,7 +153,7 @@ def magpie_prompts(model, tokenizer, n: int, cfg, log, partial: Path | None = No
             out.append(text)
         empty = 0 if len(out) > before else empty + 1  # rounds in a row that added nothing: it repeats itself
         if partial is not None:
-            _write_atomic(partial, json.dumps({"rounds": rounds, "prompts": out}))
+            write_text_atomic(partial, json.dumps({"rounds": rounds, "prompts": out}))
         log(f"magpie: {len(out)}/{n} instructions (round {rounds}, {made} tokens at {rate:.0f} tokens/s)")
     if len(out) < n:
         raise ConfigError(f"Magpie wrote {len(out)} usable instructions in {rounds} rounds, fewer than "
@@ -223,10 +242,26 @@ def max_prompt_tokens(cfg) -> int:
     return cfg.max_prompt_tokens or max(cfg.max_len - cfg.max_new_tokens, cfg.max_len // 2)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def _cache_text(path: Path) -> str:
+    """A data cache file's text, or ConfigError naming it and the cure: the cache is this program's,
+    so a file there that does not read back was damaged after it was written (a disk fault, a copy)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as e:
+        raise _damaged(path, e) from None
+
+
+def _cache_json_lines(path: Path) -> list:
+    try:
+        return [json.loads(line) for line in _cache_text(path).splitlines()]
+    except json.JSONDecodeError as e:
+        raise _damaged(path, e) from None
+
+
+def _damaged(path: Path, e: Exception) -> ConfigError:
+    why = getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0][:120]
+    return ConfigError(f"data cache file {path} is damaged ({why}; data.cache_dir, default <out>/data): delete it "
+                       "(the rerun makes it again) or pass another data.cache_dir")
 
 
 def _encode_prompt(tokenizer, prompt: str) -> list[int]:
@@ -274,7 +309,7 @@ def build(model, tokenizer, ckpt: Path, cfg, cache: Path, log) -> tuple[Rows, di
     if diff:
         raise ConfigError(f"data cache {cache} was generated with other settings ({', '.join(diff)}); pass another "
                           "data.cache_dir or delete that directory to regenerate")
-    _write_atomic(cache / "manifest.json", json.dumps({**(have or {}), **want}, indent=2))
+    write_text_atomic(cache / "manifest.json", json.dumps({**(have or {}), **want}, indent=2))
     prompts = _prompts(model, tokenizer, cfg, cache, log)
     texts, sources = eval_texts()
     try:
@@ -308,17 +343,28 @@ def _forget(cache: Path, created: bool) -> None:
 
 def read_manifest(cache: Path) -> dict | None:
     path = cache / "manifest.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        have = json.loads(_cache_text(path))
+    except json.JSONDecodeError as e:
+        raise _damaged(path, e) from None
+    if not isinstance(have, dict):
+        raise _damaged(path, ValueError("not a JSON object"))
+    return have
 
 
 def _update_manifest(cache: Path, **fields) -> None:
-    _write_atomic(cache / "manifest.json", json.dumps({**read_manifest(cache), **fields}, indent=2))
+    write_text_atomic(cache / "manifest.json", json.dumps({**read_manifest(cache), **fields}, indent=2))
 
 
 def _prompts(model, tokenizer, cfg, cache: Path, log) -> list[str]:
     path = cache / "prompts.jsonl"
     if path.exists():
-        return [json.loads(line)["prompt"] for line in path.read_text().splitlines()]
+        rows = _cache_json_lines(path)
+        if not all(isinstance(r, dict) and isinstance(r.get("prompt"), str) for r in rows):
+            raise _damaged(path, ValueError("a line without a prompt"))
+        return [r["prompt"] for r in rows]
     if cfg.prompts == SHAREGPT:
         prompts = _sharegpt_prompts(tokenizer, cfg, cache, log)
     elif cfg.prompts not in (None, MAGPIE):
@@ -329,7 +375,7 @@ def _prompts(model, tokenizer, cfg, cache: Path, log) -> list[str]:
             log(f"data: {cfg.prompts} has {len(prompts)} prompts, fewer than data.n_prompts={cfg.n_prompts}")
     else:
         prompts = magpie_prompts(model, tokenizer, cfg.n_prompts, cfg, log, cache / "magpie.partial.json")
-    _write_atomic(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    write_text_atomic(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     (cache / "magpie.partial.json").unlink(missing_ok=True)
     return prompts
 
@@ -391,15 +437,14 @@ def _answers(model, tokenizer, prompts: list[str], cfg, cache: Path, log) -> Row
             t0 = time.perf_counter()
             answers = answer_batch(model, tokenizer, part, cfg, seed=cfg.seed * 100003 + s)
             seconds = time.perf_counter() - t0
-            _write_atomic(path, "".join(json.dumps({"prompt_ids": p, "answer_ids": a}) + "\n"
+            write_text_atomic(path, "".join(json.dumps({"prompt_ids": p, "answer_ids": a}) + "\n"
                                         for p, a in zip(part, answers)))
             n = sum(len(a) for a in answers)
             rates[str(s)] = {"prompts": len(part), "answer_tokens": n, "seconds": round(seconds, 3)}
             _update_manifest(cache, generation=_rate(rates))
             log(f"data: shard {s + 1}/{n_shards} answered ({n} tokens in {seconds:.1f} s, {n / seconds:.0f} tokens/s)")
         used += 1
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
+        for row in _shard_rows(path):
             p, a = row["prompt_ids"], row["answer_ids"]
             full = (p + a)[: cfg.max_len]
             if len(full) - len(p) >= 2:  # at least two answer tokens: something to predict after a draft
@@ -411,6 +456,15 @@ def _answers(model, tokenizer, prompts: list[str], cfg, cache: Path, log) -> Row
     if not rows.ids:
         raise ConfigError(f"no usable rows: every answer is shorter than 2 tokens within data.max_len={cfg.max_len}")
     return rows, {"used": used, "of": n_shards}
+
+
+def _shard_rows(path: Path) -> list[dict]:
+    """A shard's rows ({prompt_ids, answer_ids}: lists of ids), or ConfigError naming the damaged file."""
+    rows = _cache_json_lines(path)
+    ids = lambda v: isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+    if not all(isinstance(r, dict) and ids(r.get("prompt_ids")) and ids(r.get("answer_ids")) for r in rows):
+        raise _damaged(path, ValueError("a row without prompt_ids and answer_ids"))
+    return rows
 
 
 def answer_batch(model, tokenizer, prompts: list[list[int]], cfg, seed: int) -> list[list[int]]:

@@ -17,9 +17,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engines.dflash import DFlashConfig, DFlashDrafter, load_drafter, save_drafter
-from engines.hidden import embed, lm_head
+from engines.hidden import embed, lm_head, num_layers, vocab_size
 from harness.errors import ConfigError
-from train.objective import Objective, pad, weighted_mean
+from train.objective import Objective, layer_ids_within, pad, weighted_mean
 
 
 def spread_layer_ids(n_target: int, n: int) -> list[int]:
@@ -43,15 +43,32 @@ def pick_mask_token(tokenizer, vocab: int) -> int:
     return 0
 
 
+def mask_id_within(mask_id: int, vocab: int) -> int:
+    """`mask_id` when the target's embedding has that row; ConfigError naming train.mask_token_id
+    otherwise (a lookup past the table is a segfault, not an error)."""
+    if not 0 <= mask_id < vocab:
+        raise ConfigError(f"train.mask_token_id={mask_id} is outside the target's vocabulary [0, {vocab}); "
+                          "leave it null (an id the tokenizer does not use is picked) or give one below "
+                          f"{vocab}")
+    return mask_id
+
+
 class DFlashObjective(Objective):
     kind = "dflash"
+
+    @classmethod
+    def check(cls, target, cfg) -> None:
+        if cfg.target_layer_ids:
+            layer_ids_within(cfg.target_layer_ids, 0, num_layers(target) - 1, "train.target_layer_ids")
+        if cfg.mask_token_id is not None:
+            mask_id_within(cfg.mask_token_id, vocab_size(target))
 
     def __init__(self, target, tokenizer, cfg, rows, prompt_lens, shape: DFlashConfig | None = None):
         """`shape`: the drafter's config as given (a published or fixture config); null = derived
         from the target and cfg (train.num_layers, block_size, target_layer_ids, ...)."""
         super().__init__(target, tokenizer, cfg)
         c = shape or self._derived_shape(tokenizer, cfg)
-        self.layer_ids = self.checked_layer_ids(c.target_layer_ids, "train.target_layer_ids")
+        self.layer_ids = layer_ids_within(c.target_layer_ids, 0, self.n_layers - 1, "train.target_layer_ids")
         self.block = c.block_size
         self.positions = self.block - 1
         mx.random.seed(cfg.seed)
@@ -66,10 +83,7 @@ class DFlashObjective(Objective):
         # checked by __init__
         layer_ids = cfg.target_layer_ids or spread_layer_ids(self.n_layers, cfg.num_target_features)
         mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else pick_mask_token(tokenizer, self.vocab)
-        if not 0 <= mask_id < self.vocab:  # an embedding lookup past the table: a segfault, not an error
-            raise ConfigError(f"train.mask_token_id={mask_id} is outside the target's vocabulary [0, {self.vocab}); "
-                              "leave it null (an id the tokenizer does not use is picked) or give one below "
-                              f"{self.vocab}")
+        mask_id_within(mask_id, self.vocab)
         return DFlashConfig(hidden_size=self.hidden, num_hidden_layers=cfg.num_layers,
                             num_attention_heads=self.args.num_attention_heads,
                             num_key_value_heads=self.arg("num_key_value_heads", self.args.num_attention_heads),

@@ -23,9 +23,11 @@ from mlx.utils import tree_flatten
 from engines import shared_weights
 from engines.draft_model import load_draft_model
 from engines.errors import Unsupported
-from engines.hidden import decoder
+from engines.hidden import decoder, num_layers
 from engines.mtp import DENSE
 from engines.target import Target
+from harness.errors import ConfigError
+from train.files import save_tensors
 from train.objective import Objective, pad, shift, soft_ce, weighted_mean
 
 
@@ -41,18 +43,22 @@ def kept_layers(n_target: int, n: int) -> list[int]:
 class DraftModelObjective(Objective):
     kind = "draft_model"
 
-    @staticmethod
-    def check(target) -> None:
+    @classmethod
+    def check(cls, target, cfg) -> None:
         if getattr(target, "model_type", None) not in DENSE:
             raise Unsupported(f"train=draft_model builds a shallow copy of a dense target ({', '.join(DENSE)}); "
                               f"this is {getattr(target, 'model_type', '?')}")
         if any(k.endswith(".scales") for k, _ in tree_flatten(target.parameters())):
             raise Unsupported("train=draft_model copies the target's layers, so it needs an unquantized target: "
                               "load it in float32 or bfloat16 (a GGUF file is dequantized on load)")
+        n = num_layers(target)
+        if cfg.num_layers > n:
+            raise ConfigError(f"train.num_layers={cfg.num_layers} is more than the target's {n} layers: a draft model "
+                              f"keeps some of them; give {n} or fewer")
 
     def __init__(self, target, tokenizer, cfg, rows, prompt_lens):
         super().__init__(target, tokenizer, cfg)
-        self.check(target)
+        self.check(target, cfg)
         self.layer_ids = kept_layers(self.n_layers, cfg.num_layers)
         args = dataclasses.replace(self.args, num_hidden_layers=len(self.layer_ids))
         if getattr(args, "layer_types", None):  # per-layer attention kinds follow the layers kept
@@ -91,7 +97,7 @@ class DraftModelObjective(Objective):
         if self.cfg.share_embedding:
             name = next(k for k in weights if k.endswith("embed_tokens.weight"))
             shared_weights.write_manifest(out, {name: weights.pop(name)})
-        mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+        save_tensors(out / "model.safetensors", weights, metadata={"format": "mlx"})
         config = {k: v for k, v in dataclasses.asdict(module.args).items() if v is not None}
         config.update(num_hidden_layers=len(self.layer_ids), draft_of_layers=self.layer_ids)
         (out / "config.json").write_text(json.dumps(config, indent=2))

@@ -18,8 +18,8 @@ from pathlib import Path
 import mlx.core as mx
 
 from engines.eagle3 import Eagle3Config, Eagle3Drafter, default_aux_layers, load_eagle3, save_eagle3
-from engines.hidden import embed
-from train.objective import Objective, pad, shift, soft_ce, target_head_rows, weighted_mean
+from engines.hidden import embed, num_layers
+from train.objective import Objective, layer_ids_within, pad, shift, soft_ce, target_head_rows, weighted_mean
 
 
 def draft_vocab(rows: list[list[int]], prompt_lens: list[int], vocab: int, size: int) -> mx.array:
@@ -44,8 +44,19 @@ def distinct_aux_layers(n_layers: int) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def aux_layers_within(ids, n_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's aux ids name layer *inputs*: 1..n (layer i's input is layer i-1's output; n, the last
+    layer's output), as the engine's loader reads them; ConfigError naming train.aux_layer_ids otherwise."""
+    return tuple(sorted(layer_ids_within(ids, 1, n_layers, "train.aux_layer_ids")))
+
+
 class Eagle3Objective(Objective):
     kind = "eagle3"
+
+    @classmethod
+    def check(cls, target, cfg) -> None:
+        if cfg.aux_layer_ids:
+            aux_layers_within(cfg.aux_layer_ids, num_layers(target))
 
     def __init__(self, target, tokenizer, cfg, rows, prompt_lens, shape: Eagle3Config | None = None):
         """`shape`: the drafter's config as given (a published or fixture config: its aux layers and
@@ -55,7 +66,7 @@ class Eagle3Objective(Objective):
         size = shape.draft_vocab_size if shape else cfg.draft_vocab_size
         self._use_vocab(draft_vocab(rows, prompt_lens, self.vocab, size))
         c = shape or self._derived_shape(cfg)
-        self.aux = tuple(sorted(self.checked_layer_ids(c.aux_layer_ids, "train.aux_layer_ids")))  # layer inputs
+        self.aux = aux_layers_within(c.aux_layer_ids, self.n_layers)  # layer inputs
         mx.random.seed(cfg.seed)
         d = Eagle3Drafter(c)
         d.set_dtype(mx.float32)

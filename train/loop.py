@@ -6,7 +6,9 @@ Resumption is exact: a step's rows and its random draws (DFlash anchors) are fun
 (seed, step), and a checkpoint holds the weights, the optimizer state (AdamW moments and
 step), the history and the elapsed time; an interrupted run resumed reaches bitwise the
 weights of an uninterrupted one. Checkpoints are written to a temp dir and renamed, so a
-kill mid-write leaves the previous one intact.
+kill mid-write leaves the previous one intact; one damaged after the fact (a disk fault, a copy
+cut short) is named in a warning and set aside, and the newest older one that reads back whole
+is used (none: the run starts from step 0 and says so).
 """
 
 from __future__ import annotations
@@ -26,8 +28,13 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
 from harness.errors import ConfigError
+from train.files import save_tensors, writing
 
 KEEP = 2  # checkpoints kept
+
+
+class Damaged(Exception):
+    """A checkpoint that does not read back whole (the message says what failed)."""
 
 
 @dataclass
@@ -191,12 +198,16 @@ def _name(step: int) -> str:
 
 def _replace_dir(final: Path, fill) -> None:
     """`final` written by fill(tmp) into a temp dir beside it and renamed over it, so a kill
-    mid-write leaves the previous one intact."""
+    mid-write leaves the previous one intact; a failed write removes the temp dir (space it held)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    fill(tmp)
+    try:
+        tmp.mkdir()
+        fill(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
 
@@ -204,34 +215,49 @@ def _replace_dir(final: Path, fill) -> None:
 def save(ckdir: Path, module, opt, state: State) -> Path:
     """Weights, optimizer state and loop state of `state.step`, atomically; older ones pruned."""
     def fill(tmp: Path) -> None:
-        mx.save_safetensors(str(tmp / "weights.safetensors"), dict(tree_flatten(module.parameters())))
-        mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
-        (tmp / "state.json").write_text(json.dumps(state.__dict__))
+        save_tensors(tmp / "weights.safetensors", dict(tree_flatten(module.parameters())))
+        save_tensors(tmp / "optimizer.safetensors", dict(tree_flatten(opt.state)))
+        with writing(tmp / "state.json"):
+            (tmp / "state.json").write_text(json.dumps(state.__dict__))
 
     final = ckdir / _name(state.step)
     _replace_dir(final, fill)
-    for old in sorted(p for p in ckdir.iterdir() if p.name.startswith("step-"))[:-KEEP]:
+    for old in _checkpoints(ckdir)[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _checkpoints(ckdir: Path) -> list[Path]:
+    """ckdir's step-* folders, oldest first (each renamed into place whole)."""
+    return sorted(p for p in ckdir.glob("step-*") if p.is_dir()) if ckdir.is_dir() else []
 
 
 def save_best(ckdir: Path, module, step: int) -> None:
     """The weights of the lowest held-out loss so far (ckdir/best), atomically."""
     def fill(tmp: Path) -> None:
-        mx.save_safetensors(str(tmp / "weights.safetensors"), dict(tree_flatten(module.parameters())))
-        (tmp / "step.json").write_text(json.dumps({"step": step}))
+        save_tensors(tmp / "weights.safetensors", dict(tree_flatten(module.parameters())))
+        with writing(tmp / "step.json"):
+            (tmp / "step.json").write_text(json.dumps({"step": step}))
 
     _replace_dir(ckdir / "best", fill)
 
 
-def load_best(ckdir: Path, module) -> int | None:
-    """Loads ckdir/best into module; its step, or None when no eval has run."""
+def load_best(ckdir: Path, module, log=print) -> int | None:
+    """Loads ckdir/best into module; its step, or None when no eval has run or it does not read back
+    whole (named in a warning: the caller exports the weights it has)."""
     best = ckdir / "best"
     if not (best / "step.json").exists():
         return None
-    module.load_weights(list(mx.load(str(best / "weights.safetensors")).items()))
+    try:
+        weights = _read_tensors(best / "weights.safetensors")
+        _check_shapes(weights, dict(tree_flatten(module.parameters())), best)
+        step = json.loads((best / "step.json").read_text())["step"]
+    except (Damaged, OSError, ValueError, KeyError, TypeError) as e:
+        log(f"warning: {best} does not read back whole ({_first_line(e)}); exporting the last step's weights")
+        return None
+    module.load_weights(list(weights.items()))
     mx.eval(module.parameters())
-    return json.loads((best / "step.json").read_text())["step"]
+    return step
 
 
 def _check_shapes(saved: dict, have: dict, where: Path) -> None:
@@ -248,20 +274,65 @@ def _check_shapes(saved: dict, have: dict, where: Path) -> None:
 
 
 def restore(ckdir: Path, module, opt, log) -> State:
-    """The newest complete checkpoint loaded into module and opt, or a fresh State."""
-    done = sorted(p for p in ckdir.glob("step-*") if (p / "state.json").exists()) if ckdir.is_dir() else []
-    if not done:
-        return State()
-    last = done[-1]
-    saved = mx.load(str(last / "weights.safetensors"))
-    _check_shapes(saved, dict(tree_flatten(module.parameters())), last)
-    module.load_weights(list(saved.items()))
-    opt.state = tree_unflatten(list(mx.load(str(last / "optimizer.safetensors")).items()))
-    state = State(**json.loads((last / "state.json").read_text()))
-    state.resumed_from.append(state.step)
-    mx.eval(module.parameters(), opt.state)
-    log(f"train: resumed from {last} (step {state.step}, {state.elapsed_s:.0f} s trained so far)")
-    return state
+    """The newest checkpoint that reads back whole, loaded into module and opt, or a fresh State.
+    A damaged one is named in a warning and set aside (ckdir/damaged-step-N) and the next older one
+    tried; ConfigError when a whole one is of another drafter's shape."""
+    mine = dict(tree_flatten(module.parameters()))
+    damaged = []
+    for path in reversed(_checkpoints(ckdir)):
+        try:
+            weights, opt_state, state = _read_checkpoint(path)
+        except Damaged as e:
+            damaged.append(_set_aside(path))
+            log(f"warning: checkpoint {path} is damaged ({e}); moved to {damaged[-1].name}, trying an older one")
+            continue
+        _check_shapes(weights, mine, path)
+        module.load_weights(list(weights.items()))
+        opt.state = tree_unflatten(list(opt_state.items()))
+        state.resumed_from.append(state.step)
+        mx.eval(module.parameters(), opt.state)
+        log(f"train: resumed from {path} (step {state.step}, {state.elapsed_s:.0f} s trained so far)")
+        return state
+    if damaged:
+        log(f"warning: no checkpoint under {ckdir} reads back whole; training starts from step 0")
+    return State()
+
+
+def _read_checkpoint(path: Path) -> tuple[dict, dict, State]:
+    """(weights, optimizer state, loop state) of checkpoint `path`, or Damaged saying what failed."""
+    weights = _read_tensors(path / "weights.safetensors")
+    opt_state = _read_tensors(path / "optimizer.safetensors")
+    try:
+        state = State(**json.loads((path / "state.json").read_text()))
+    except (OSError, ValueError, TypeError) as e:
+        raise Damaged(f"state.json: {_first_line(e)}") from None
+    if not isinstance(state.step, int) or state.step < 0 or not isinstance(state.history, list):
+        raise Damaged("state.json holds no step count and history")
+    return weights, opt_state, state
+
+
+def _read_tensors(file: Path) -> dict:
+    """Every tensor of a safetensors file, read now; Damaged when it is missing, cut short or not one."""
+    try:
+        arrays = mx.load(str(file))
+        mx.eval(arrays)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise Damaged(f"{file.name}: {_first_line(e)}") from None
+    if not isinstance(arrays, dict):
+        raise Damaged(f"{file.name}: not a safetensors file")
+    return arrays
+
+
+def _set_aside(path: Path) -> Path:
+    """`path` renamed out of the step-* names, so neither resuming nor pruning counts it again."""
+    aside = path.with_name(f"damaged-{path.name}")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(path, aside)
+    return aside
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 # ---------------------------------------------------------------- curves
@@ -293,6 +364,12 @@ def plot(history: list, path: Path, title: str) -> None:
         ax2.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with writing(tmp):
+            fig.savefig(tmp, dpi=100)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)

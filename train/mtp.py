@@ -19,12 +19,17 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from engines.hidden import embed, final_norm, lm_head
-from engines.mtp import MTPHead, load_mtp
+from engines.mtp import MTPHead, load_mtp, text_args
+from train.files import save_tensors
 from train.objective import Objective, pad, shift, soft_ce, weighted_mean
 
 
 class MTPObjective(Objective):
     kind = "mtp"
+
+    @classmethod
+    def check(cls, target, cfg) -> None:
+        text_args(target)  # Unsupported for a target no MTP head is built for
 
     def __init__(self, target, tokenizer, cfg, rows, prompt_lens):
         super().__init__(target, tokenizer, cfg)
@@ -49,7 +54,7 @@ class MTPObjective(Objective):
     def export(self, module, out: Path, dtype) -> None:
         out.mkdir(parents=True, exist_ok=True)
         weights = {f"mtp.{k}": v.astype(dtype) for k, v in tree_flatten(module.parameters())}
-        mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+        save_tensors(out / "model.safetensors", weights, metadata={"format": "mlx"})
         (out / "config.json").write_text(json.dumps({"architectures": ["MTPHead"], "mtp_layout": "qwen3_next",
                                                      "target_model_type": self.target.model_type,
                                                      "hidden_size": self.hidden}, indent=2))

@@ -31,22 +31,16 @@ class Objective:
     kind = ""
     positions = 1  # draft positions the accuracy curve covers
 
-    @staticmethod
-    def check(target: nn.Module) -> None:
-        """Unsupported when this objective cannot train a drafter for `target` (before any data is made)."""
+    @classmethod
+    def check(cls, target: nn.Module, cfg) -> None:
+        """Unsupported or ConfigError when this objective cannot train a drafter of cfg's shape for
+        `target`: run as soon as the target loads, before any data is made or read, so a refusal
+        leaves no data cache. Each objective adds the ids and sizes its drafter takes from the target."""
 
     def __init__(self, target: nn.Module, tokenizer, cfg):
         self.target, self.tokenizer, self.cfg = target, tokenizer, cfg
         self.n_layers, self.hidden, self.vocab = num_layers(target), hidden_size(target), vocab_size(target)
         self.args = text_model(target).args
-
-    def checked_layer_ids(self, ids, key: str) -> tuple[int, ...]:
-        """`ids` when each names one of the target's layers; ConfigError naming `key` otherwise."""
-        bad = [i for i in ids if not 0 <= int(i) < self.n_layers]
-        if bad:
-            raise ConfigError(f"{key}={list(ids)}: {bad} not among the target's layers 0..{self.n_layers - 1}; "
-                              "leave it null for the default spread")
-        return tuple(int(i) for i in ids)
 
     def arg(self, name: str, default=None):
         value = getattr(self.args, name, None)
@@ -84,16 +78,11 @@ class Objective:
     def warm_start(self, src: Path) -> dict:
         """Set self.module's weights to the exported drafter at `src` (read through the engine's
         strict loader; a quantized export dequantized first) and return what the training record
-        keeps of it. ConfigError when its tensors differ from this drafter's in name or shape, or
-        an integer table differs that `adopt` did not take over: it was trained with other settings."""
+        keeps of it. ConfigError naming train.init when it cannot be read (not safetensors, cut
+        short, tensors missing), when its tensors differ from this drafter's in name or shape, or
+        when an integer table differs that `adopt` did not take over: it was trained with other settings."""
         src = Path(src).expanduser()
-        quantized = "quantization" in json.loads((src / "config.json").read_text())
-        with tempfile.TemporaryDirectory() as tmp:
-            path = src
-            if quantized:
-                path = Path(tmp) / "float"
-                dequantize_drafter(src, path, mx.float32)
-            theirs = dict(tree_flatten(self.load(path).parameters()))
+        theirs, quantized = self._read_init(src)
         self.adopt(theirs)
         mine = dict(tree_flatten(self.module.parameters()))
         problem = _first_difference(mine, theirs)
@@ -103,6 +92,36 @@ class Objective:
         self.module.load_weights([(k, v.astype(mine[k].dtype)) for k, v in theirs.items()])
         digest = hashlib.sha256((src / "model.safetensors").read_bytes()).hexdigest()
         return {"path": str(src), "quantized": quantized, "weights_sha256": digest}
+
+    def _read_init(self, src: Path) -> tuple[dict, bool]:
+        """({name: array}, quantized) of the drafter exported at `src`, or ConfigError naming train.init
+        and what the loader said: a user's file, so whatever it holds is bad input, not a crash."""
+        try:
+            quantized = "quantization" in json.loads((src / "config.json").read_text(encoding="utf-8"))
+            with tempfile.TemporaryDirectory() as tmp:
+                path = src
+                if quantized:
+                    path = Path(tmp) / "float"
+                    dequantize_drafter(src, path, mx.float32)
+                weights = dict(tree_flatten(self.load(path).parameters()))
+                mx.eval(weights)
+        except ConfigError:
+            raise
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError) as e:
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            raise ConfigError(f"train.init={src}: not a readable {self.kind} drafter ({why}); pass a folder "
+                              "`python -m train` exported, or leave train.init null") from None
+        return weights, quantized
+
+
+def layer_ids_within(ids, lo: int, hi: int, key: str) -> tuple[int, ...]:
+    """`ids` as ints when each lies in lo..hi (the target's layers as `key` counts them); ConfigError
+    naming `key` otherwise."""
+    bad = [i for i in ids if not lo <= int(i) <= hi]
+    if bad:
+        raise ConfigError(f"{key}={list(ids)}: {bad} not among the target's layers {lo}..{hi}; leave it null for "
+                          "the default spread")
+    return tuple(int(i) for i in ids)
 
 
 def _first_difference(mine: dict, theirs: dict) -> str | None:
