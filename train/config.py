@@ -158,7 +158,7 @@ TRAIN_BOUNDS = {
     "eval_head_tokens": _int(2, MAX_TOKENS, null="not measured"),  # as data rows: at least 2 answer tokens
     "ckpt_every_steps": _int(0, MAX_STEPS, **POSITIVE), "ckpt_every_s": _float(0, MAX_SECONDS, **POSITIVE),
     "max_seconds": _float(0, MAX_SECONDS, **POSITIVE, null="no limit"),
-    "memory_limit_gb": _float(0, 1 << 16, **POSITIVE, null="no limit"),
+    "memory_limit_gb": _float(0.1, 1 << 16, null="no limit"),  # below a tenth of a GiB no step fits
     "stop_after": _int(0, MAX_STEPS, **POSITIVE, null="train every step"),
     "intermediate_size": _int(0, MAX_WIDTH, **POSITIVE, null="the target's"),
     "ttt_length": _int(0, 64, **POSITIVE), "ploss_decay": _float(0, 1, **POSITIVE),
