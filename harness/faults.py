@@ -105,8 +105,8 @@ def exit_for(e: BaseException, app: str, interrupted: str = "") -> int:
     if isinstance(e, OSError):
         return _say(os_error_line(e), EXIT["failed"])
     if isinstance(e, MemoryError):
-        return _say(f"{app} ran out of memory; lower the sizes that set it (bench.reps, bench.max_new_tokens, "
-                    "bench.context, the batch)", EXIT["failed"])
+        return _say(f"{app} ran out of memory; lower the sizes that set it (tokens, context, batch, model)",
+                    EXIT["failed"])
     if isinstance(e, SystemExit):
         return e.code if isinstance(e.code, int) else EXIT["failed"]
     traceback.print_exception(e)

@@ -227,4 +227,6 @@ def main(args: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from harness.faults import guarded
+
+    sys.exit(guarded(lambda: main(sys.argv[1:]), "python -m train.fixtures"))

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.errors import ConfigError
+
 FORMAT = "spec-harness-data/1"
 
 
@@ -109,12 +111,15 @@ def main() -> None:
     ap.add_argument("src", type=Path)
     ap.add_argument("dest", type=Path)
     a = ap.parse_args()
+    if not a.src.exists():
+        raise ConfigError(f"{a.src} does not exist; pass a data cache folder (or, with --unpack, a packed .npz)")
     try:
         print(json.dumps(unpack(a.src, a.dest) if a.unpack else pack(a.src, a.dest)))
-    except (ValueError, OSError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except (ValueError, KeyError) as e:  # a cache or file of the wrong shape: the input's fault
+        raise ConfigError(f"{a.src}: {e}") from None
 
 
 if __name__ == "__main__":
-    main()
+    from harness.faults import guarded
+
+    sys.exit(guarded(main, "python -m train.pack"))

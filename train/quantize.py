@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -91,6 +92,10 @@ def main() -> None:
     ap.add_argument("--dequantize", action="store_true", help="write the floating copy of a quantized drafter")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     a = ap.parse_args()
+    if not (a.src / "config.json").is_file():
+        from harness.errors import ConfigError
+
+        raise ConfigError(f"{a.src} is not a drafter folder (no config.json); pass the folder python -m train exported")
     if a.dequantize:
         print(dequantize_drafter(a.src, a.dest, getattr(mx, a.dtype)))
     else:
@@ -98,4 +103,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from harness.faults import guarded
+
+    sys.exit(guarded(main, "python -m train.quantize"))

@@ -122,5 +122,7 @@ def main(args: list[str]) -> int:
 if __name__ == "__main__":
     from harness import blas
 
+    from harness.faults import guarded
+
     blas.select()  # before mlx loads: see harness/blas.py
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(guarded(lambda: main(sys.argv[1:]), "python -m harness.models.scale"))
