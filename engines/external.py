@@ -66,9 +66,9 @@ def stamped_events(steps, t0: float, arm: External):
     A first step that drafted was a whole verify round (mlx-lm's speculative loop, an engine or
     server that answers per round): its first token is the Prefill event, and the rest of the
     round, which arrived with it, a Round that keeps its drafted and accepted counts. Every
-    step is checked here, the one door outside results come through (ArmReportError); a step's
-    token count against its accepted count once a later step shows the budget did not cut it."""
-    last, before = None, None  # before: the previous step's (tokens, accepted, first), not the last one
+    step is checked here, the one door outside results come through (ArmReportError); its token
+    count against its accepted count once a later step shows that no budget or stop token cut it."""
+    last, before = None, None  # before: the previous step's (token count, accepted, first), awaiting that check
     for i, (t, emitted, drafted, accepted, scores) in enumerate(steps):
         check_step(arm, t, last if last is not None else t0, emitted, drafted, accepted, first=last is None)
         if before is not None:
@@ -108,13 +108,14 @@ def check_uncut(arm: External, step: int, n_emitted: int, accepted: int, first: 
     budget nor a stop token cut it) emitted its accepted drafts and one token more: accepted + 1
     tokens, or on the first step also its prefill token before them (accepted + 2). Else its
     counts contradict its tokens, and acceptance would read what it claimed, not what it emitted."""
-    allowed = (accepted + 1, accepted + 2) if first else (accepted + 1,)
-    if n_emitted not in allowed:
-        raise ArmReportError(
-            f"{arm.who()} emitted {n_emitted} token(s) in step {step + 1}, which reported accepted={accepted}, and "
-            f"more steps followed: a step the budget did not cut emits its accepted drafts and one token more "
-            f"({' or '.join(map(str, allowed))}{' with the first token' if first else ''}). Fix: report per "
-            "line the drafted/accepted counts of the round whose tokens it carries, or leave them out")
+    if n_emitted == accepted + 1 or (first and n_emitted == accepted + 2):
+        return
+    expected = f"{accepted + 1}" + (f", or {accepted + 2} with the first token before them" if first else "")
+    raise ArmReportError(
+        f"{arm.who()} emitted {n_emitted} token(s) in step {step + 1}, which reported accepted={accepted}, and more "
+        f"steps followed: a step that no budget or stop token cut emits its accepted drafts and one token more "
+        f"({expected}). Fix: report on each line the drafted/accepted counts of the round whose tokens it "
+        "carries, or leave them out")
 
 
 def _events(responses, t0: float, arm: Engine):

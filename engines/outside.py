@@ -499,9 +499,8 @@ class ServerArm(External):
         differ = [s for s in self.prompt_tokens_seen if s[0] != s[1]]
         footing, blas_warnings = blas_footing(self.who(), self.child, None)  # a server does not say its BLAS
         tail, tail_warnings = tail_footing(
-            self.who(), self.tails, f"kept its stream open (closed by the harness {TAIL_S:g} s after the last "
-            "needed token when it does not end)", "end the stream (`data: [DONE]`) after the last token, or ask for "
-            "no more tokens than it should send")
+            self.who(), self.tails, "kept its stream open", "end the stream (`data: [DONE]`) after the last token "
+            f"(the harness closes a stream that does not end {TAIL_S:g} s after the last token it needs)")
         return {"implementation": f"OpenAI-compatible server at {self.url}", "model": self.model,
                 "acceptance_observed": False,
                 "launch": self.child.command if self.child else None,
