@@ -84,6 +84,8 @@ class Round:
     #                           the time to first token, so its tokens are not decode tokens
     host: dict[str, float] | None = None  # per-phase seconds the host spent before the phase's barrier
     #                                       (building its graph, and any reads inside it), when profiling
+    reads: int | None = None  # host reads the loop made for this round (None: an outside loop's, unseen)
+    ahead: bool = False  # the next round was queued before this one was read (pipelined, or on the device)
 
 
 class NullProfiler:
@@ -132,6 +134,7 @@ class Engine:
     verifies_full_block: ClassVar[bool] = False  # True: every round verifies K+1 tokens whatever it drafted
     scores: ClassVar[bool] = False  # True: an external arm that yields its own log-probabilities per token
     caps_drafts: ClassVar[bool] = False  # True: draft() stops at self.max_drafts, set by the loop each round
+    execution: ClassVar[str] = "eager"  # "static": rounds stay on the device (engines/device.py)
 
     def __init__(self, target: Target, cfg):
         self.target, self.cfg = target, cfg

@@ -36,14 +36,15 @@ import subprocess
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
+from typing import Callable
 
 from engines.errors import Unsupported
 from engines.external import External, stamped_events
 from engines.home import home
-from harness import blas
 
 STDERR_TAIL = 40  # lines of the engine's log quoted in an error
 TAIL_S = 5.0  # how long a stream may run on past its last needed token (for its closing usage/timings chunk)
@@ -67,6 +68,24 @@ def json_object(text: str, malformed: str) -> dict:
     return message
 
 
+@dataclass
+class Footing:
+    """What this process computes on, and what a child it starts is given to compute on the same:
+    the harness sets FOOTING from harness/blas.py before it builds an outside arm (engines import
+    nothing from the harness). Unset, a child gets this process's environment as it is, and the
+    record says nothing was given."""
+
+    environ: Callable[[], dict] = lambda: dict(os.environ)  # a child's environment (LD_PRELOAD added)
+    given: dict = field(default_factory=lambda: {"library": None, "kind": None, "preload": [], "env_set": {}})
+    library: str | None = None  # the BLAS serving this process's cblas_sgemm (None on GPU backends)
+    kind_of: Callable[[str], str | None] = lambda path: None  # a library path -> openblas | mkl | reference ...
+    chosen: str = ""  # why this process runs on `library` (harness.blas.selection()'s reason)
+    fix: str = ""  # how to get an optimized BLAS
+
+
+FOOTING = Footing()
+
+
 class Child:
     """A process the harness started: its log (stderr, and stdout unless the caller reads it)
     kept in a file, the end of it quoted in errors; stopped by close()."""
@@ -75,11 +94,11 @@ class Child:
         self.command, self.log_path = command, Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 -- closed in close()
-        self.blas_given = blas.child_blas()  # the harness's BLAS, preloaded for it (module docstring)
+        self.blas_given = FOOTING.given  # the harness's BLAS, preloaded for it (module docstring)
         try:
             self.proc = subprocess.Popen(shlex.split(command), stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE if read_stdout else self._log,
-                                         stderr=subprocess.PIPE, text=True, bufsize=1, env=blas.child_env())
+                                         stderr=subprocess.PIPE, text=True, bufsize=1, env=FOOTING.environ())
         except OSError as e:
             self._log.close()
             raise OutsideError(f"could not start `{command}`: {e}") from None
@@ -175,18 +194,16 @@ def log_path(kind: str) -> Path:
 def blas_footing(who: str, child: Child | None, reported: str | None) -> tuple[dict, list[str]]:
     """The record's `blas` for an outside arm (what the harness runs on, what the child was given,
     what it says it runs on) and a one-line warning, with the fix, when that is another library."""
-    from harness.env import environment
-
-    ours = environment().get("blas")  # None on GPU backends: the CPU BLAS does not time them
-    out = {"harness": ours, "harness_kind": blas.kind_of(ours) if ours else None,
+    ours = FOOTING.library  # None on GPU backends: the CPU BLAS does not time them
+    out = {"harness": ours, "harness_kind": FOOTING.kind_of(ours) if ours else None,
            "given": child.blas_given if child else "nothing: the harness did not start it",
-           "reported": reported, "reported_kind": blas.kind_of(reported) if reported else None}
+           "reported": reported, "reported_kind": FOOTING.kind_of(reported) if reported else None}
     if not (ours and reported) or os.path.realpath(ours) == os.path.realpath(reported):
         return out, []
     given = (child.blas_given if child else {}).get("preload")
     fix = (f"it was given LD_PRELOAD={':'.join(given)}; an engine that clears LD_PRELOAD or links a BLAS of its "
            f"own must load {given[-1]} itself" if given else
-           f"the harness runs on {ours} ({blas.selection()['reason']}): {blas.FIX}, or start the engine on the "
+           f"the harness runs on {ours} ({FOOTING.chosen}): {FOOTING.fix}, or start the engine on the "
            "same library")
     return out, [f"{who} runs on the {out['reported_kind']} BLAS {reported}, the harness on the {out['harness_kind']} "
                  f"BLAS {ours}: its times are not on the footing of the harness's arms. Fix: {fix}"]

@@ -26,6 +26,11 @@ ENGINES = {
     "subprocess": "engines.outside:SubprocessArm",
 }
 
+# The same methods with rounds that stay on the device (engines/device.py), for execution=static.
+STATIC = {
+    "base": "engines.device:StaticBase",
+}
+
 ALIASES = {
     "autoregressive": "base", "ar": "base",
     "verify_control": "control",
@@ -41,11 +46,17 @@ def available() -> list[str]:
     return sorted(ENGINES)
 
 
-def get_engine(name: str) -> type:
+def get_engine(name: str, execution: str = "eager") -> type:
     """The engine class registered as `name` (or an alias); lists the others on a miss.
-    Imports that engine's module only."""
+    With execution="static", its device-resident class where one exists (has_static says), else
+    the eager one. Imports that engine's module only."""
     key = ALIASES.get(name, name)
     if key not in ENGINES:
         raise KeyError(f"unknown method {name!r}; available: {', '.join(available())}")
-    module, cls = ENGINES[key].split(":")
+    module, cls = (STATIC[key] if execution == "static" and key in STATIC else ENGINES[key]).split(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def has_static(name: str) -> bool:
+    """Whether method `name` has a device-resident engine (execution=static)."""
+    return ALIASES.get(name, name) in STATIC

@@ -29,14 +29,20 @@ class Sampler:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         self.temperature, self.seed = temperature, seed
 
-    def _noise(self, pos: int, n: int, vocab: int) -> mx.array:
+    def _noise(self, pos, n: int, vocab: int) -> mx.array:
         # [n, V] Gumbel noise for output positions pos..pos+n-1, one key per position.
         keys = [self.key(pos + i, 0) for i in range(n)]
         return mx.stack([mx.random.gumbel((vocab,), key=k) for k in keys])
 
-    def key(self, pos: int, stream: int) -> mx.array:
-        # Independent streams per purpose: 0 target choice, 1 drafting, 2 accept test, 3 correction.
-        return mx.random.key((self.seed << 24) + (stream << 20) + pos)
+    def key(self, pos, stream: int) -> mx.array:
+        """The key of output position `pos` in `stream`; pos an int, or a [] int32 device value
+        (a round that stays on the device), which gives the same key without a host read.
+        Independent streams per purpose: 0 target choice, 1 drafting, 2 accept test, 3 correction."""
+        base = (self.seed << 24) + (stream << 20)
+        if not isinstance(pos, mx.array):
+            return mx.random.key(base + pos)
+        v = mx.array(base, dtype=mx.uint64) + pos.astype(mx.uint64)  # mx.random.key's [high, low] words of it
+        return mx.stack([(v >> 32).astype(mx.uint32), (v & 0xFFFFFFFF).astype(mx.uint32)])
 
     def probs(self, logits: mx.array) -> mx.array:
         """[..., V] logits -> the sampling distribution at this temperature (float32)."""
@@ -47,8 +53,9 @@ class Sampler:
         return mx.stack([mx.random.categorical(mx.log(probs[i]), key=self.key(pos + i, stream))
                          for i in range(probs.shape[0])])
 
-    def choose(self, logits: mx.array, pos: int) -> mx.array:
-        """logits [T, V] for output positions pos..pos+T-1 -> the target's ids [T]."""
+    def choose(self, logits: mx.array, pos) -> mx.array:
+        """logits [T, V] for output positions pos..pos+T-1 -> the target's ids [T] (pos: an int or a
+        device value, as in key)."""
         if self.temperature == 0:
             return mx.argmax(logits, axis=-1)
         scaled = logits.astype(mx.float32) / self.temperature

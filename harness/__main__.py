@@ -14,7 +14,6 @@ from harness import blas
 
 blas.select()  # before anything imports mlx: a BLAS serves libmlx only if it is in the global scope first
 
-import os  # noqa: E402
 import sys  # noqa: E402
 
 import hydra  # noqa: E402
@@ -108,14 +107,10 @@ def _job_mode() -> str:
 
 def _checked() -> int | None:
     """Everything checked before Hydra runs (harness/preflight.py): None, or the exit code."""
-    from engines.home import home
-    from harness.faults import writable_dir
-
-    HOME_ENV = "SPEC_HARNESS_HOME"
+    from harness.faults import checked_home
 
     try:
-        writable_dir(home(), HOME_ENV if os.environ.get(HOME_ENV) else f"the harness's home (set {HOME_ENV})",
-                     f"set {HOME_ENV} to a writable directory")
+        checked_home()
         overrides = parse_overrides(sys.argv[1:])
         check_overrides(overrides)
         register_configs()

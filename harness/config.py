@@ -25,6 +25,7 @@ from harness.errors import ConfigError
 DTYPES = ("float32", "float16", "bfloat16", "native")
 KV_DTYPES = ("native", "float16", "bfloat16", "q8", "q4")
 ROLLBACKS = ("auto", "capture", "recompute", "replay")
+EXECUTIONS = ("eager", "static")
 
 
 @dataclass
@@ -123,6 +124,8 @@ class Config:
     kv: KVConfig = field(default_factory=KVConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     rollback: str = "auto"  # recurrent-state rollback: auto (fastest measured) | capture | recompute | replay
+    execution: str = "eager"  # eager: rounds built op by op, read each round (the reference); static: rounds
+    #                           that stay on the device, static caches, compiled phases, read one round late
     reference: str = "base"  # the arm every method run is paired with (e.g. dflash_c to time dflash_a against it)
     out_dir: str = "results/default"
     force: bool = False  # re-run cells whose record already exists
@@ -195,6 +198,7 @@ def validate(cfg) -> None:
     _one_of("kv.name", cfg.kv.name, KV_DTYPES)
     _one_of("kv.group_size", cfg.kv.group_size, (32, 64, 128))
     _one_of("rollback", cfg.rollback, ROLLBACKS)
+    _one_of("execution", cfg.execution, EXECUTIONS)
     try:
         get_engine(cfg.reference)
     except KeyError as e:
@@ -286,7 +290,7 @@ BENCH_RANGES = {
     "max_new_tokens": (2, MAX_NEW_TOKENS, "a decode rate needs a token after the first"),
     "reps": (1, MAX_REPS, "timed generations per arm and prompt"),
     "warmup": (0, MAX_WARMUP, "untimed generations per arm"),
-    "seed": (0, 2**63 - 1, "a random key's seed"),
+    "seed": (0, 2**32 - 1, "a random key's seed: keys hold seed, stream and position in 64 bits"),
     "cooldown_s": (0, 3600, "seconds between reps"),
     "temperature": (0, MAX_TEMPERATURE, "0 = greedy"),
     "context": (0, MAX_CONTEXT, "tokens of earlier conversation"),
@@ -315,6 +319,7 @@ def canonical_cell(cfg) -> dict:
         "bench": _bench_cell(cfg.bench),
         "rollback": cfg.rollback if method["name"] != "base" else None,
         "reference": cfg.reference if method["name"] != cfg.reference else None,
+        **({"execution": cfg.execution} if cfg.execution != "eager" else {}),  # eager: ids as before the axis
     }
 
 

@@ -139,3 +139,13 @@ def writable_dir(path, setting: str, example: str) -> Path:
                           f"{example}") from None
     name_path(p, setting)
     return p
+
+
+def checked_home() -> Path:
+    """The harness's home (engines/home.py), made if missing and able to take a file, or ConfigError
+    naming SPEC_HARNESS_HOME (or the default it stands for) and the fix; an OS error under it later
+    names the variable too. Entry points call this before anything runs."""
+    from engines.home import HOME_ENV, home
+
+    setting = HOME_ENV if os.environ.get(HOME_ENV) else f"the harness's home (set {HOME_ENV})"
+    return writable_dir(home(), setting, f"set {HOME_ENV} to a writable directory")

@@ -78,7 +78,10 @@ class Generation:
         return {"rounds": n, "tau": sum(len(r.emitted) for r in self.rounds) / n if n else None,
                 "tree_size_mean": sum(trees) / len(trees) if trees else None,
                 "drafted": sum(r.drafted for r in self.rounds), "accepted": sum(r.accepted for r in self.rounds),
-                "accept_hist": hist, "proposed_at": proposed, "accepted_at": accepted}
+                "accept_hist": hist, "proposed_at": proposed, "accepted_at": accepted,
+                # the loop's host reads (None: an outside loop's, unseen) and rounds queued before it read the last
+                "host_reads": sum(r.reads for r in self.rounds) if all(r.reads is not None for r in self.rounds) else None,
+                "read_ahead": sum(r.ahead for r in self.rounds)}
 
 
 def run_generation(engine: Engine, ids: list[int], max_new_tokens: int, sampler: Sampler,

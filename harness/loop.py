@@ -67,6 +67,9 @@ def generate(engine: Engine, prompt: list[int], max_new_tokens: int, sampler: Sa
     if engine.external:  # a reference implementation runs its own loop
         yield from engine.generate(prompt, max_new_tokens, sampler, stop_tokens)
         return
+    if engine.execution == "static":  # rounds that stay on the device, read one round late
+        yield from _on_device(engine, prompt, max_new_tokens, stop_tokens)
+        return
     t0 = time.perf_counter()
     with mx.stream(STREAM):
         first = sampler.choose(engine.prefill(prompt)[None], 0)  # [1]
@@ -120,9 +123,40 @@ def _pipelined(engine: Engine, token: mx.array, t0: float, max_new_tokens: int, 
         token, nxt = nxt, (step(nxt, produced + 1) if produced + 1 < max_new_tokens else None)
         value = token.item()
         t2 = time.perf_counter()
-        yield Round(0, 0, [value], t2 - t1, None)
+        yield Round(0, 0, [value], t2 - t1, None, reads=1, ahead=True)
         t1 = t2
     mx.eval(engine.state())
+
+
+def _on_device(engine, prompt: list[int], max_new_tokens: int, stop_tokens: frozenset[int]) -> Iterator[Prefill | Round]:
+    # engines/device.py: each round is queued before the previous one is read, so the device never
+    # waits for Python; a round's one host read is its outcome [n, K + 1 tokens]. Rounds queued past
+    # the budget or a stop token are read never: their tokens are discarded with the engine's state.
+    t0 = time.perf_counter()
+    with mx.stream(STREAM):
+        first = engine.start(prompt, max_new_tokens)
+        ahead = engine.round() if max_new_tokens > 1 else None
+    mx.async_eval(first, *([ahead] if ahead is not None else []))
+    token = first.item()
+    t1 = time.perf_counter()
+    yield Prefill(token, t1 - t0)
+    produced = 1
+    while produced < max_new_tokens and token not in stop_tokens:
+        outcome = ahead
+        with mx.stream(STREAM):
+            ahead = engine.round()
+        mx.async_eval(ahead)
+        values = outcome.tolist()  # the round's one host read, made after the next round is queued
+        n = values[0]
+        emitted = values[1: n + 2][: max_new_tokens - produced]
+        stops = [i for i, t in enumerate(emitted) if t in stop_tokens]
+        if stops:
+            emitted = emitted[: stops[0] + 1]
+        t2 = time.perf_counter()
+        yield Round(engine.block - 1, n, emitted, t2 - t1, None, reads=1, ahead=True)
+        t1 = t2
+        produced += len(emitted)
+        token = emitted[-1]
 
 
 def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, pos: int,
@@ -156,7 +190,7 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
     if prof:
         prof.mark("rollback", engine.state())
     emitted = values[1: min(n + 2, budget + 1)]
-    return Round(draft.k, n, emitted, 0.0, prof.times if prof else None, host=prof.host if prof else None)
+    return Round(draft.k, n, emitted, 0.0, prof.times if prof else None, host=prof.host if prof else None, reads=1)
 
 
 def _tree_round(engine: Engine, draft: Draft, logits, sampler: Sampler, pos: int, prof: Profiler | None,
@@ -174,4 +208,4 @@ def _tree_round(engine: Engine, draft: Draft, logits, sampler: Sampler, pos: int
         prof.mark("rollback", engine.state())
     emitted = [*(nodes[i] for i in path), bonus][:budget]
     return Round(depth, len(path), emitted, 0.0, prof.times if prof else None, tree_size=draft.k,
-                 host=prof.host if prof else None)
+                 host=prof.host if prof else None, reads=1)

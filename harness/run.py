@@ -24,9 +24,10 @@ from omegaconf import OmegaConf
 from engines.errors import DrafterError, Unsupported
 from engines.hidden import text_model
 from engines.home import home
-from engines.registry import get_engine
+from engines.registry import STATIC, get_engine
 from harness.config import canonical_cell, validate
 from harness.env import STREAM_PROBE, LoadMeter, blas_warning, environment, stream_rate
+from harness import blas
 from harness.context import source_file
 from harness.errors import ConfigError
 from harness.faults import Fault, os_error_line
@@ -291,12 +292,26 @@ def decode_ceiling(model) -> dict:
             "probe": f"{STREAM_PROBE} in {w['dtype']}", "tps": gbs * 1e9 / w["bytes"]}
 
 
+def _outside_footing() -> None:
+    """Tell engines/outside.py what this process computes on and what its children are given, so an
+    engine the cell starts multiplies on the harness's BLAS (engines import nothing from the harness)."""
+    from engines import outside
+
+    outside.FOOTING = outside.Footing(environ=blas.child_env, given=blas.child_blas(),
+                                      library=environment().get("blas"), kind_of=blas.kind_of,
+                                      chosen=blas.selection()["reason"], fix=blas.FIX)
+
+
 def _build_arms(model, tokenizer, cfg) -> Arms:
+    _outside_footing()
     auto = cfg.rollback == "auto"
     strategy = "capture" if auto else cfg.rollback  # auto: switched to the measured fastest before timing
 
     def engine(name, method_cfg):
-        cls = get_engine(name)
+        cls = get_engine(name, cfg.execution)
+        if cfg.execution == "static" and cls.execution != "static" and not cls.external:
+            raise Unsupported(f"{cls.name} has no device-resident engine yet (execution=static covers "
+                              f"{', '.join(sorted(STATIC))}); run it with execution=eager")
         if "drafter" in cls.knobs and cls.drafter_kind == "draft_model":
             check_shared_tokenizer(tokenizer, Path(method_cfg.drafter))
         # its own Target, built to keep the hidden layers its drafter reads (cls.hidden_layers)

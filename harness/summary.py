@@ -67,6 +67,10 @@ def _acceptance(items: list[dict]) -> dict:
     out["nondeterministic_prompts"] = sum(not i["deterministic"] for i in items)
     trees = [i["tree_size_mean"] for i in items if i.get("tree_size_mean")]
     out["tree_size_mean"] = statistics.mean(trees) if trees else None
+    reads = [i.get("host_reads") for i in items]
+    # the loop's host reads per round, and the share of rounds queued before their predecessor was read
+    out["host_reads_per_round"] = sum(reads) / rounds if rounds and None not in reads else None
+    out["read_ahead_fraction"] = sum(i.get("read_ahead", 0) for i in items) / rounds if rounds else None
     return out
 
 

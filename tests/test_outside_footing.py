@@ -96,7 +96,11 @@ def test_the_adapter_started_by_the_harness_runs_on_the_harness_blas_and_says_so
     """The harness on MKL (a selection as select() makes it; nothing is loaded into this process):
     the adapter, started as an arm, multiplies on MKL too (was: the wheel's reference BLAS, 0.381x
     base). And a child on another BLAS than the harness's is one warning line with the fix."""
+    from harness.run import _outside_footing
+
     monkeypatch.setattr(blas, "_SELECTION", _mkl_selection())
+    monkeypatch.setattr(outside, "FOOTING", outside.FOOTING)  # restored after the test
+    _outside_footing()  # what the harness tells engines/outside.py before it builds an arm
     cfg = SimpleNamespace(command=f"{sys.executable} {ADAPTER} --model {fixture_dir('llama')}", startup_timeout_s=60,
                           request_timeout_s=60)
     arm = SubprocessArm(SimpleNamespace(vocab_size=VOCAB), cfg)

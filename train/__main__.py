@@ -36,7 +36,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from engines.errors import DrafterError, Unsupported  # noqa: E402
-from engines.home import checked_home  # noqa: E402
+from harness.faults import checked_home  # noqa: E402
 from harness import faults  # noqa: E402
 from harness.config import check_out_dir, conf_dir  # noqa: E402
 from harness.env import environment  # noqa: E402

@@ -1,0 +1,85 @@
+"""Engines whose rounds stay on the device (`execution=static`): the protocol, and base decoding.
+
+A DeviceEngine keeps its whole decoding state in device arrays (a StaticTarget's caches and
+position, the pending token, the output position, its drafter's state) and builds each round
+as a lazy graph over that state, with fixed shapes, ending in the round's outcome:
+
+    first = engine.start(prompt, reserve)     # [1] the first token; caches cover the prompt
+    outcome = engine.round()                  # [1 + K + 1]: n accepted, then K + 1 tokens of
+                                              #   which the first n + 1 are emitted
+    (repeat)
+
+round() never reads the host, and its state after the call already assumes the outcome (the
+position moved past the accepted tokens, the pending token is the last emitted one), so the
+loop (harness/loop.py) queues round n + 1 before it reads round n: one host read per round,
+one round late. What a late read shows to lie past the budget or a stop token is discarded by
+the loop; the engine's state is then past the generation's end, and the next start() resets it.
+
+Acceptance is engines/sampling.py's, at an output position held on the device.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import mlx.core as mx
+
+from engines.base import Engine
+from engines.errors import Unsupported
+from engines.static import StaticTarget, static_layout
+
+
+class DeviceEngine(Engine):
+    """A method whose rounds stay on the device (module docstring). `block` is K + 1, the tokens a
+    round verifies, declared by the engine (the loop and calibration read it)."""
+
+    execution: ClassVar[str] = "static"
+
+    def __init__(self, target: StaticTarget, cfg):
+        super().__init__(target, cfg)
+        self.block = 1
+        self.pending = None  # [1] int32: the last emitted token, not yet fed to the target
+        self.out_pos = None  # [] int32: the output position of the next round's first token
+
+    @classmethod
+    def build(cls, model, cfg, kv: str = "native", **target_kw) -> "DeviceEngine":
+        """This engine over a StaticTarget of `model`; Unsupported where the model has no static form."""
+        shapes = static_layout(model, kv)
+        if isinstance(shapes, str):
+            raise Unsupported(f"execution=static: {shapes}")
+        return cls(StaticTarget(model, shapes, hidden_layers=cls.hidden_layers(cfg, model), kv=kv), cfg)
+
+    def start(self, prompt: list[int], max_new_tokens: int) -> mx.array:
+        """Prefill `prompt` with room for the budget and two rounds past it (the one whose read ends
+        the generation, and the one queued behind it); the first token [1] (lazy)."""
+        logits = self.target.prefill(prompt, max_new_tokens + 2 * self.block).logits
+        self.pending = self.sampler.choose(logits[None], 0).astype(mx.int32)  # [1]
+        self.out_pos = mx.array(1, dtype=mx.int32)
+        return self.pending
+
+    def round(self) -> mx.array:
+        raise NotImplementedError
+
+    def caches(self) -> list:
+        return list(self.target.state.caches)
+
+    def state(self) -> list:
+        return [self.target.arrays(), *(x for x in (self.pending, self.out_pos) if x is not None)]
+
+    def describe(self) -> dict:
+        return {"execution": "static", "capacity": self.target.state.capacity, "traces": self.target.traces,
+                "cache_types": ["StaticKVCache"]}
+
+
+class StaticBase(DeviceEngine):
+    """Base decoding on static caches: one compiled single-token step per round, queued before
+    the previous token is read (harness/loop.py), the way mlx-lm's generate_step pipelines."""
+
+    name = "base"
+    drafts = False
+
+    def round(self) -> mx.array:
+        logits, _ = self.target.forward(self.pending)  # [1, V]
+        token = self.sampler.choose(logits, self.out_pos).astype(mx.int32)  # [1]
+        self.pending, self.out_pos = token, self.out_pos + 1
+        return mx.concatenate([mx.zeros((1,), dtype=mx.int32), token])  # [n = 0, token]
