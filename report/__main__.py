@@ -3,20 +3,25 @@
 Writes report.md (setup, protocol, tables, the axes section, plots), report.csv (one row per
 cell), categories.csv (one row per cell and prompt category), prompts.csv (one row per prompt
 and turn), profiles.csv, depth.csv (one row per cell and depth bin) and the PNG plots into the
-directory, and prints the per-architecture tables.
+directory, and prints the per-architecture tables. The files are staged in a hidden folder and
+moved in only when all are ready: on any failure the previous report stays whole.
 
-Every *.json under the directory that is not a readable record is named on stderr and in
-report.md; `--strict` makes that exit 1 (after writing the report), for CI. Exit codes: 0
-written, 1 --strict found unreadable files, 2 bad input (one line), 3 the report failed (its
-traceback, then one line; the previous report files stay whole).
+Every *.json under the directory that is not a readable record (not a regular file, not JSON,
+not a record, a record with a field of the wrong type or values the report cannot use) is named
+on stderr and in report.md and left out; `--strict` makes that exit 1 (after writing the
+report), for CI. Exit codes (harness/faults.py): 0 written, 1 --strict found files that are not
+records, 2 bad input (one line: no directory, no records, a directory that cannot take the
+report), 3 the report failed (one line, after a traceback where the code itself failed; the
+previous report files stay whole), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import sys
-import traceback
 from pathlib import Path
 
+from harness.errors import ConfigError
+from harness.faults import Fault, guarded, name_path
 from harness.records import scan_records
 from report.document import write
 from report.tables import arch_tables
@@ -34,35 +39,38 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     root = Path(args[0])
+    return guarded(lambda: report(root, strict), app=f"the report over {root}",
+                   interrupted="the previous report files are left whole")
+
+
+def report(root: Path, strict: bool) -> int:
+    """Report the records under `root` (module docstring); the exit code, or raises for guarded."""
     if not root.is_dir():
-        print(f"error: {root} is not a directory; pass the out_dir of a harness run (e.g. results/sweep-qwen35)",
-              file=sys.stderr)
-        return 2
+        raise ConfigError(f"{root} is not a directory; pass the out_dir of a harness run (e.g. results/sweep-qwen35)")
+    name_path(root, "the results directory given to python -m report")
     good, unread = scan_records(root)
-    for path, why in unread:
-        print(f"warning: {path} {why}: left out of the report", file=sys.stderr)
+    _warn(unread)
     if not good:
-        print(f"error: no harness records under {root}; run `python -m harness out_dir={root}` first",
-              file=sys.stderr)
-        return 2
+        raise ConfigError(f"no harness records under {root}; run `python -m harness out_dir={root}` first")
     try:
-        md, df = write(root)
-    except OSError as e:
-        print(f"error: cannot write the report into {root} ({e.strerror or e}): pass a directory you can write to",
-              file=sys.stderr)
-        return 2
-    except Exception:  # noqa: BLE001 -- the traceback for whoever debugs it, then the one line
-        traceback.print_exc()
-        print(f"error: the report over {root} failed (traceback above); its previous report files are left whole",
-              file=sys.stderr)
-        return 3
-    print(arch_tables(df))
-    print(f"{len(df)} cells -> {md} (+ report.csv, categories.csv, prompts.csv, profiles.csv, depth.csv, *.png "
-          f"in {root})", file=sys.stderr)
-    if unread and strict:
-        print(f"error: {len(unread)} file(s) under {root} could not be read as records (--strict)", file=sys.stderr)
+        written = write(root, (good, unread))
+    except MemoryError:
+        raise Fault(f"the report over {root} ran out of memory ({len(good)} records); report fewer at once (a "
+                    "subfolder), or on a machine with more memory; the previous report files are left whole") from None
+    _warn(written.damaged)
+    print(arch_tables(written.cells))
+    print(f"{len(written.cells)} cells -> {written.md} (+ report.csv, categories.csv, prompts.csv, profiles.csv, "
+          f"depth.csv, *.png in {root})", file=sys.stderr)
+    left_out = len(unread) + len(written.damaged)
+    if left_out and strict:
+        print(f"error: {left_out} file(s) under {root} could not be read as records (--strict)", file=sys.stderr)
         return 1
     return 0
+
+
+def _warn(unread: list) -> None:
+    for path, why in unread:
+        print(f"warning: {path} {why}: left out of the report", file=sys.stderr)
 
 
 if __name__ == "__main__":

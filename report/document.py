@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
 from harness import stats
+from harness.errors import ConfigError
 from harness.records import scan_records
 
 from report import plots
-from report.frames import (DEPTH_BIN, accept_hists, along, axis_values, bench_of, categories, cells, depth,
-                           outside_arms, profiles, prompts, sampled)
+from report.frames import DEPTH_BIN, Frames, bench_of, build_frames, profiles, sampled
+from report.publish import publish, staging
 from report.tables import (CATEGORY_CAPTION, HOST_CAPTION, arch_tables, category_tables, context_table,
                            depth_summary_table, divergence_table, host_table, model_table, outside_table,
                            profile_table, resources_table, temperature_table)
@@ -26,10 +25,9 @@ def _distinct(records, get) -> str:
 
 
 def header(root: Path, records) -> str:
-    env = lambda k: _distinct(records, lambda r: r.get("env", {}).get(k))
-    bench = lambda k: _distinct(records, lambda r: r.get("cell", {}).get("bench", {}).get(k))
-    git = _distinct(records, lambda r: (r["env"]["git"]["sha"] or "?")[:12] + ("+dirty" if r["env"]["git"]["dirty"]
-                                                                             else ""))
+    env = lambda k: _distinct(records, lambda r: r["env"].get(k))
+    bench = lambda k: _distinct(records, lambda r: (r["cell"].get("bench") or {}).get(k))
+    git = _distinct(records, lambda r: _git(r["env"].get("git") or {}))
     return "\n".join([
         f"# Speculative decoding report: `{root.name}`", "",
         "## Setup", "",
@@ -38,7 +36,7 @@ def header(root: Path, records) -> str:
         *_reference_blas_banner(records),
         f"- Software: mlx {env('mlx')}, mlx-lm {env('mlx_lm')}, Python {env('python')}, {env('platform')}",
         f"- Harness: git {git}; {len(records)} records, "
-        f"{_distinct(records, lambda r: r.get('started_at', '')[:10])}",
+        f"{_distinct(records, lambda r: (r.get('started_at') or '')[:10])}",
         "",
         "## Protocol", "",
         f"- Prompts: suite {bench('suite')}, max_prompts {bench('max_prompts')}, per_category "
@@ -71,19 +69,23 @@ def header(root: Path, records) -> str:
     ])
 
 
+def _git(git: dict) -> str:
+    return (git.get("sha") or "?")[:12] + ("+dirty" if git.get("dirty") else "")
+
+
 def _blas_selection(records) -> str:
     # How harness.blas chose it (records from before the selection existed say so).
-    sel = {(r.get("env", {}).get("blas_selection") or {}).get("action", "recorded before harness.blas")
-           for _, r in records if r.get("env", {}).get("backend") == "cpu"}
+    sel = {(r["env"].get("blas_selection") or {}).get("action") or "recorded before harness.blas"
+           for _, r in records if r["env"].get("backend") == "cpu"}
     return f"; selection: {', '.join(sorted(sel))}" if sel else ""
 
 
 def _reference_blas_banner(records) -> list[str]:
-    cpu = [r for _, r in records if r.get("env", {}).get("backend") == "cpu"]
-    ref = [r for r in cpu if r.get("env", {}).get("blas_kind") == "reference"]
+    cpu = [r for _, r in records if r["env"].get("backend") == "cpu"]
+    ref = [r for r in cpu if r["env"].get("blas_kind") == "reference"]
     if not ref:
         return []
-    why = ref[0]["env"].get("blas_selection", {}).get("reason", "recorded before harness.blas")
+    why = (ref[0]["env"].get("blas_selection") or {}).get("reason") or "recorded before harness.blas"
     return ["", f"> **Reference BLAS.** {len(ref)} of {len(cpu)} CPU records ran on the mlx wheel's reference BLAS "
             f"({ref[0]['env'].get('blas')}), where a float32 forward over 8 tokens costs 6-7 single-token forwards, "
             f"so their speculative speedups understate the methods. Why: {why}. Fix: pip install mkl (or apt-get "
@@ -95,9 +97,9 @@ def _source_lines(records) -> list[str]:
     seen = {}
     for _, rec in records:
         for s in rec.get("suite") or []:
-            pkg = f"{s['distribution']} {s['version']}, " if s.get("distribution") else ""
-            seen.setdefault(f"`{s['spec']}`: {pkg}`{Path(s['path']).name}` ({s['prompts']} prompts, sha256 "
-                            f"{s['sha256'][:12]})", None)
+            pkg = f"{s['distribution']} {s.get('version')}, " if s.get("distribution") else ""
+            seen.setdefault(f"`{s.get('spec')}`: {pkg}`{Path(s.get('path') or '?').name}` ({s.get('prompts')} "
+                            f"prompts, sha256 {(s.get('sha256') or '?')[:12]})", None)
     return [f"- Prompt files: {'; '.join(seen)}"] if seen else []
 
 
@@ -117,7 +119,7 @@ def _context_lines(records) -> list[str]:
 
 def _cut_note(records) -> list[str]:
     # A reduced protocol (bench=quick, a first run) says what it left out.
-    benches = [r.get("cell", {}).get("bench", {}) for _, r in records]
+    benches = [r["cell"].get("bench") or {} for _, r in records]
     if not any(b.get("per_category") or (b.get("max_new_tokens") or 64) < 64 for b in benches):
         return []
     full = "`bench=real_full`" if any("mtbench" in str(b.get("suite")) for b in benches) else "`bench=full`"
@@ -144,18 +146,27 @@ def unread_section(root: Path, unread: list) -> list[str]:
             *[f"- `{p.relative_to(root)}` {why}" for p, why in unread], ""]
 
 
-def write(root: Path) -> tuple[Path, pd.DataFrame]:
-    """Write report.md, CSVs and PNGs into `root`, all or none: they are made in a staging
-    folder and moved in together, so a failure leaves the previous report whole (never new
-    CSVs beside a stale report.md). Returns the markdown path and the cell table."""
-    staging = Path(tempfile.mkdtemp(prefix=".report-", dir=root))
-    try:
-        df = _write_into(root, staging)
-        for f in sorted(staging.iterdir()):
-            os.replace(f, root / f.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return root / "report.md", df
+class Written(NamedTuple):
+    md: Path  # report.md, in place
+    cells: pd.DataFrame  # one row per reported cell
+    damaged: list  # [(path, why)]: records whose values the report could not use, left out and named
+
+
+def write(root: Path, scanned: tuple[list, list] | None = None) -> Written:
+    """Write report.md, CSVs and PNGs into `root`, all or none: they are made in a hidden
+    staging folder and moved in together only when all are ready (report/publish.py), so a
+    failure leaves the previous report whole (never new CSVs beside a stale report.md).
+    `scanned`: scan_records(root), where the caller has it. ConfigError where no record is
+    left to report or `root` cannot take the report."""
+    records, unread = scanned if scanned is not None else scan_records(root)
+    frames = build_frames(records)
+    if not frames.records:
+        raise ConfigError(f"no harness records under {root} that the report can use; run `python -m harness "
+                          f"out_dir={root}` first")
+    with staging(root) as folder:
+        _write_into(root, folder, frames, unread + frames.damaged)
+        publish(folder, root)
+    return Written(root / "report.md", frames.cells, frames.damaged)
 
 
 OUTSIDE_CAPTION = ("Arms whose generation loop is not the harness's: reference implementations, engine processes "
@@ -190,37 +201,37 @@ MODEL_CAPTION = ("Round cost c = (verify over K+1 tokens + the method's other ph
                  "base decoding.")
 
 
-def _write_into(root: Path, out: Path) -> pd.DataFrame:
-    """Every report file for the records under `root`, written into `out`."""
-    records, unread = scan_records(root)
-    df, pr, prof, cat, dep = cells(root, records), prompts(root, records), profiles(records), categories(records), depth(records)
-    for frame, name in ((df, "report"), (cat, "categories"), (pr, "prompts"), (prof, "profiles"), (dep, "depth")):
-        if name != "depth" or len(dep):
+def _write_into(root: Path, out: Path, f: Frames, unread: list) -> None:
+    """Every report file for the frames `f`, written into `out`; `unread`: the files left out."""
+    records = f.records
+    for frame, name in ((f.cells, "report"), (f.categories, "categories"), (f.prompts, "prompts"),
+                        (f.profiles, "profiles"), (f.depth, "depth")):
+        if name != "depth" or len(f.depth):
             frame.to_csv(out / f"{name}.csv", index=False)
-    pngs = [plots.speedup_vs_block(df, out / "speedup_vs_block.png"),
-            plots.tau_histograms(accept_hists(records), out / "tau_histograms.png"),
-            plots.profile_bars(prof, out / "profile.png"),
-            plots.predicted_vs_measured(df, out / "predicted_vs_measured.png")]
-    outside = outside_arms(records)
+    pngs = [plots.speedup_vs_block(f.cells, out / "speedup_vs_block.png"),
+            plots.tau_histograms(f.hists, out / "tau_histograms.png"),
+            plots.profile_bars(f.profiles, out / "profile.png"),
+            plots.predicted_vs_measured(f.cells, out / "predicted_vs_measured.png")]
     doc = [header(root, records),
-           "## Results", "", arch_tables(df),
-           "## Results by prompt category", "", CATEGORY_CAPTION, "", category_tables(cat),
-           *axes_section(records, dep, out),
-           *(["## Outside implementations", "", OUTSIDE_CAPTION, "", outside_table(outside), ""] if len(outside) else []),
-           "## Divergence from the reference", "", DIVERGENCE_CAPTION + _sampled_note(records), "", divergence_table(pr),
-           "## Memory and round cost", "", RESOURCES_CAPTION, "", resources_table(df),
-           "## Per-round profile (mean ms per round)", "", profile_table(prof),
-           *host_section(records, prof),
-           "## Speedup model", "", MODEL_CAPTION, "", model_table(df),
+           "## Results", "", arch_tables(f.cells),
+           "## Results by prompt category", "", CATEGORY_CAPTION, "", category_tables(f.categories),
+           *axes_section(f, out),
+           *(["## Outside implementations", "", OUTSIDE_CAPTION, "", outside_table(f.outside), ""]
+             if len(f.outside) else []),
+           "## Divergence from the reference", "", DIVERGENCE_CAPTION + _sampled_note(records), "",
+           divergence_table(f.prompts),
+           "## Memory and round cost", "", RESOURCES_CAPTION, "", resources_table(f.cells),
+           "## Per-round profile (mean ms per round)", "", profile_table(f.profiles),
+           *host_section(records, f.profiles, f.host),
+           "## Speedup model", "", MODEL_CAPTION, "", model_table(f.cells),
            "## Plots", "", *[f"![{p.stem}]({p.name})" for p in pngs], "",
            *unread_section(root, unread)]
     (out / "report.md").write_text("\n".join(doc))
-    return df
 
 
-def host_section(records, prof: pd.DataFrame) -> list[str]:
-    # Host time before each phase's barrier, for cells whose records hold it.
-    host = profiles(records, "phase_host_ms")
+def host_section(records, prof: pd.DataFrame, host: pd.DataFrame | None = None) -> list[str]:
+    # Host time before each phase's barrier, for cells whose records hold it (`host`: their profiles).
+    host = profiles(records, "phase_host_ms") if host is None else host
     if host.empty:
         return []
     return ["### Host time before each barrier", "", HOST_CAPTION, "", host_table(host, prof)]
@@ -250,11 +261,11 @@ TEMPERATURE_CAPTION = (
     "greedy output by design, which is not a defect (the distribution tests check those methods).")
 
 
-def axes_section(records, dep: pd.DataFrame, out: Path) -> list[str]:
+def axes_section(f: Frames, out: Path) -> list[str]:
     """The report along the axes users ask about, each table with its plot written into `out`:
     acceptance by decode depth (whenever cells ran rounds), speedup by context length and by
-    temperature (only where the cells ran more than one value)."""
-    parts = []
+    temperature (only where the cells ran more than one value: `f.along`)."""
+    parts, dep = [], f.depth
     if len(dep):
         png = plots.tau_by_depth(dep, out / "tau_by_depth.png")
         parts += ["### Acceptance by decode depth", "", DEPTH_CAPTION.format(width=DEPTH_BIN), "",
@@ -262,8 +273,8 @@ def axes_section(records, dep: pd.DataFrame, out: Path) -> list[str]:
     for axis, title, caption, table, plot in (
             ("context", "Context length", CONTEXT_CAPTION, context_table, plots.speedup_vs_context),
             ("temperature", "Temperature", TEMPERATURE_CAPTION, temperature_table, plots.speedup_vs_temperature)):
-        if len(axis_values(records, axis)) > 1:
-            frame = along(records, axis)
+        if axis in f.along:
+            frame = f.along[axis]
             png = plot(frame, out / f"speedup_vs_{axis}.png")
             parts += [f"### {title}", "", caption, "", table(frame), f"![{png.stem}]({png.name})", ""]
     return ["## Axes", "", *parts] if parts else []

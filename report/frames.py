@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -25,9 +26,9 @@ CELL_COLUMNS = ["arch", "method", "block_size", "kv", "reference", "status", "ba
 
 def model_dtype(rec: dict) -> str | None:
     """The weights' dtype as a table names it: float dtype, plus q<bits> for a quantized checkpoint."""
-    model = rec.get("model", {})
+    model = rec.get("model") or {}
     q = model.get("quantization")
-    return f"{model.get('dtype')} q{q['bits']}" if q else model.get("dtype")
+    return f"{model.get('dtype')} q{q.get('bits')}" if q else model.get("dtype")
 
 
 def _records(root: Path) -> list[tuple[Path, dict]]:
@@ -40,14 +41,14 @@ def arch_labels(records) -> dict[str, str]:
     float32 and bf16 runs, must never share a table)."""
     seen: dict[str, set] = {}
     for _, rec in records:
-        model = rec.get("model", {})
+        model = rec.get("model") or {}
         if model:  # a cell refused before its model loaded (no drafter) joins the table of its arch
             seen.setdefault(rec["cell"]["arch"]["name"], set()).add((model.get("path"), model_dtype(rec)))
     for _, rec in records:
         seen.setdefault(rec["cell"]["arch"]["name"], {(None, None)})
     labels = {}
     for _, rec in records:
-        name, model = rec["cell"]["arch"]["name"], rec.get("model", {})
+        name, model = rec["cell"]["arch"]["name"], rec.get("model") or {}
         variants = seen[name]
         if not model and len(variants) == 1:
             model = {"path": next(iter(variants))[0]}
@@ -95,25 +96,36 @@ def bench_labels(records, leave_out: tuple[str, ...] = ()) -> dict[str, str]:
     identical. Where any cell of the arch samples, every cell of it names its temperature
     ("T=1.0, sampled"), varying or not. A key that applies to some cells only (`APPLIES`) is
     compared and named among those. `leave_out`: keys a table shows in columns of their own."""
+    return bench_label_sets(records, [leave_out])[0]
+
+
+def bench_label_sets(records, leave_outs: list[tuple[str, ...]]) -> list[dict[str, str]]:
+    """`bench_labels` for each of `leave_outs`, each setting compared over the cells once."""
     by_arch: dict[str, list[tuple[str, dict]]] = {}
     for _, rec in records:
         by_arch.setdefault(rec["cell"]["arch"]["name"], []).append((rec["cell_id"], bench_of(rec)))
-    out = {}
+    outs: list[dict[str, str]] = [{} for _ in leave_outs]
     for group in by_arch.values():
-        keys = sorted({k for _, b in group for k in b} - set(leave_out))
         any_sampled = any(sampled(b) for _, b in group)
-        shown = [k for k in keys if len({json.dumps(b.get(k), sort_keys=True) for _, b in group if _applies(k, b)}) > 1
-                 or (k == "temperature" and any_sampled)]
-        for cid, b in group:
-            out[cid] = ", ".join(_bench_item(k, b.get(k)) for k in shown if _applies(k, b))
-    return out
+        varying = [k for k in sorted({k for _, b in group for k in b}) if (k == "temperature" and any_sampled)
+                   or len({json.dumps(b.get(k), sort_keys=True) for _, b in group if _applies(k, b)}) > 1]
+        for out, leave_out in zip(outs, leave_outs):
+            shown = [k for k in varying if k not in leave_out]
+            for cid, b in group:
+                out[cid] = ", ".join(_bench_item(k, b.get(k)) for k in shown if _applies(k, b))
+    return outs
 
 
 def cell_labels(records, leave_out: tuple[str, ...] = ()) -> dict[str, tuple[str, str]]:
     """cell id -> (arch label, bench label): what `_keys` needs to name a cell in any frame;
     `leave_out` as for `bench_labels`."""
-    arch, bench = arch_labels(records), bench_labels(records, leave_out)
-    return {cid: (arch[cid], bench[cid]) for cid in arch}
+    return cell_label_sets(records, [leave_out])[0]
+
+
+def cell_label_sets(records, leave_outs: list[tuple[str, ...]]) -> list[dict[str, tuple[str, str]]]:
+    """`cell_labels` for each of `leave_outs`, the arch labels made once."""
+    arch = arch_labels(records)
+    return [{cid: (arch[cid], bench[cid]) for cid in arch} for bench in bench_label_sets(records, leave_outs)]
 
 
 def _keys(rec: dict, labels: dict[str, tuple[str, str]]) -> dict:
@@ -131,30 +143,46 @@ def _keys(rec: dict, labels: dict[str, tuple[str, str]]) -> dict:
             "block_size": cell["method"].get("block_size"), "kv": cell["kv"]["name"]}
 
 
+def _items(rec: dict) -> list[dict]:
+    return rec.get("prompts") or []
+
+
+def _profiled(items: list[dict]) -> list[dict]:
+    # The items phase_means can read: those with per-round data (a damaged record may lack it).
+    return [i for i in items if i.get("rounds_detail")]
+
+
 def cells(root: Path, records=None) -> pd.DataFrame:
     """One row per recorded cell."""
     records = records if records is not None else _records(root)
     labels = cell_labels(records)
-    rows = []
-    for path, rec in records:
-        env, summary = rec.get("env", {}), rec.get("summary", {})
-        row = {**_keys(rec, labels), "reference": rec["cell"].get("reference") or "base",
-               "status": rec.get("status"), "reason": rec.get("reason"),
-               "model_type": rec.get("model", {}).get("model_type"), "dtype": model_dtype(rec),
-               "rollback": rec.get("engine", {}).get("rollback"), "backend": env.get("backend"),
-               "blas_kind": env.get("blas_kind"), "host": env.get("host"),
-               "other_cpu_share": (rec.get("load") or {}).get("other_cpu_share"),
-               "temperature": bench_of(rec).get("temperature"), "context": bench_of(rec)["context"],
-               "cell_id": rec["cell_id"], "path": str(path)}
-        row.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
-        row["per_position_acceptance"] = summary.get("per_position_acceptance")
-        ceiling = rec.get("ceiling") or {}
-        row.update({"weight_bytes": ceiling.get("weight_bytes"), "stream_gbs": ceiling.get("stream_gbs"),
-                    "ceiling_tps": ceiling.get("tps")})
-        model = summary.get("model") or {}
-        row.update({k: model.get(k) for k in ("predicted_speedup", "break_even_acceptance", "verify_cost_ratio",
-                                              "round_cost_ratio", "iid_acceptance", "base_pipelining_gain")})
-        rows.append(row)
+    return cells_frame([cell_row(path, rec, labels) for path, rec in records])
+
+
+def cell_row(path, rec: dict, labels) -> dict:
+    """One record's `cells` row."""
+    env, summary = rec.get("env") or {}, rec.get("summary") or {}
+    row = {**_keys(rec, labels), "reference": rec["cell"].get("reference") or "base",
+           "status": rec.get("status"), "reason": rec.get("reason"),
+           "model_type": (rec.get("model") or {}).get("model_type"), "dtype": model_dtype(rec),
+           "rollback": (rec.get("engine") or {}).get("rollback"), "backend": env.get("backend"),
+           "blas_kind": env.get("blas_kind"), "host": env.get("host"),
+           "other_cpu_share": (rec.get("load") or {}).get("other_cpu_share"),
+           "temperature": bench_of(rec).get("temperature"), "context": bench_of(rec)["context"],
+           "cell_id": rec["cell_id"], "path": str(path)}
+    row.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
+    row["per_position_acceptance"] = summary.get("per_position_acceptance")
+    ceiling = rec.get("ceiling") or {}
+    row.update({"weight_bytes": ceiling.get("weight_bytes"), "stream_gbs": ceiling.get("stream_gbs"),
+                "ceiling_tps": ceiling.get("tps")})
+    model = summary.get("model") or {}
+    row.update({k: model.get(k) for k in ("predicted_speedup", "break_even_acceptance", "verify_cost_ratio",
+                                          "round_cost_ratio", "iid_acceptance", "base_pipelining_gain")})
+    return row
+
+
+def cells_frame(rows: list[dict]) -> pd.DataFrame:
+    """The `cells` frame of `cell_row`s: CELL_COLUMNS first, then whatever else the summaries hold."""
     df = pd.DataFrame(rows)
     for col in CELL_COLUMNS:
         if col not in df:
@@ -167,43 +195,49 @@ def prompts(root: Path, records=None) -> pd.DataFrame:
     """One row per (cell, prompt, turn) of the cells that ran."""
     records = records if records is not None else _records(root)
     labels = cell_labels(records)
+    return pd.DataFrame([row for _, rec in records for row in prompt_rows(rec, labels)])
+
+
+def prompt_rows(rec: dict, labels) -> list[dict]:
+    """One record's `prompts` rows: its items' scalars and divergence, under the cell's name."""
     rows = []
-    for _, rec in records:
-        for item in rec.get("prompts", []):
-            row = {**_keys(rec, labels), "cell_id": rec["cell_id"], "temperature": bench_of(rec).get("temperature"),
-                   **{k: v for k, v in item.items() if not isinstance(v, (list, dict))}}
-            row.update({f"divergence_{k}": v for k, v in (item.get("divergence") or {}).items()})
-            rows.append(row)
-    return pd.DataFrame(rows)
+    for item in _items(rec):
+        row = {**_keys(rec, labels), "cell_id": rec["cell_id"], "temperature": bench_of(rec).get("temperature"),
+               **{k: v for k, v in item.items() if not isinstance(v, (list, dict))}}
+        row.update({f"divergence_{k}": v for k, v in (item.get("divergence") or {}).items()})
+        rows.append(row)
+    return rows
 
 
 def profiles(records, key: str = "phase_ms") -> pd.DataFrame:
     """Mean ms per round of each phase, one row per cell that was profiled; key "phase_host_ms":
     of each phase's host time before its barrier (cells recorded without it are left out)."""
     labels = cell_labels(records)
-    rows = []
-    for _, rec in records:
-        if rec.get("status") != "ok":
-            continue
-        means = phase_means(rec.get("prompts", []), key)
-        if means:
-            rows.append({**_keys(rec, labels), "cell_id": rec["cell_id"], **means})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([row for _, rec in records for row in profile_rows(rec, labels, key)])
+
+
+def profile_rows(rec: dict, labels, key: str = "phase_ms") -> list[dict]:
+    """One record's `profiles` row, or none where it ran no profiled rounds."""
+    if rec.get("status") != "ok":
+        return []
+    means = phase_means(_profiled(_items(rec)), key)
+    return [{**_keys(rec, labels), "cell_id": rec["cell_id"], **means}] if means else []
 
 
 def accept_hists(records) -> pd.DataFrame:
     """Accepted drafts per round, summed over a cell's prompts: one row per (cell, n_accepted)."""
     labels = cell_labels(records)
-    rows = []
-    for _, rec in records:
-        items = rec.get("prompts", [])
-        if rec.get("status") != "ok" or not any(sum(i["accept_hist"][1:]) or i["drafted"] for i in items):
-            continue
-        width = max(len(i["accept_hist"]) for i in items)
-        total = [sum(i["accept_hist"][n] for i in items if n < len(i["accept_hist"])) for n in range(width)]
-        for n, count in enumerate(total):
-            rows.append({**_keys(rec, labels), "accepted": n, "rounds": count})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([row for _, rec in records for row in accept_hist_rows(rec, labels)])
+
+
+def accept_hist_rows(rec: dict, labels) -> list[dict]:
+    """One drafting record's `accept_hists` rows; none for a cell that drafted nothing."""
+    items = _items(rec)
+    if rec.get("status") != "ok" or not any(sum(i["accept_hist"][1:]) or i["drafted"] for i in items):
+        return []
+    width = max(len(i["accept_hist"]) for i in items)
+    total = [sum(i["accept_hist"][n] for i in items if n < len(i["accept_hist"])) for n in range(width)]
+    return [{**_keys(rec, labels), "accepted": n, "rounds": count} for n, count in enumerate(total)]
 
 
 ALL = "all"  # the category row of a cell's every prompt: the same estimators over the whole cell
@@ -219,22 +253,30 @@ def categories(records) -> pd.DataFrame:
     """One row per (cell that ran, prompt category), categories in the order the suite has
     them, after a row for the whole cell (category "all"): see `category_summary`."""
     labels = cell_labels(records)
+    return categories_frame([row for _, rec in records for row in category_rows(rec, labels)])
+
+
+def category_rows(rec: dict, labels) -> list[dict]:
+    """One record's `categories` rows: its whole cell, then each category its items hold."""
+    items = _items(rec)
+    if rec.get("status") != "ok" or not items:
+        return []
+    groups = {ALL: items}
+    label = category_labels(items)
+    for i in items:
+        groups.setdefault(label(i), []).append(i)
+    unobserved = (rec.get("summary") or {}).get("acceptance_unobserved")  # tokens per step inferred: no tau to show
     rows = []
-    for _, rec in records:
-        items = rec.get("prompts", [])
-        if rec.get("status") != "ok" or not items:
-            continue
-        groups = {ALL: items}
-        label = category_labels(items)
-        for i in items:
-            groups.setdefault(label(i), []).append(i)
-        unobserved = (rec.get("summary") or {}).get("acceptance_unobserved")  # tokens per step inferred: no tau to show
-        for cat, group in groups.items():
-            summary = category_summary(group)
-            if unobserved:
-                summary.update(tau=None, acceptance_rate=None, per_position_acceptance=None)
-            rows.append({**_keys(rec, labels), "reference": rec["cell"].get("reference") or "base",
-                         "category": cat, **summary, "cell_id": rec["cell_id"]})
+    for cat, group in groups.items():
+        summary = category_summary(group)
+        if unobserved:
+            summary.update(tau=None, acceptance_rate=None, per_position_acceptance=None)
+        rows.append({**_keys(rec, labels), "reference": rec["cell"].get("reference") or "base",
+                     "category": cat, **summary, "cell_id": rec["cell_id"]})
+    return rows
+
+
+def categories_frame(rows: list[dict]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=CATEGORY_COLUMNS)
     df["block_size"] = df["block_size"].astype("Int64")
     return df
@@ -299,18 +341,24 @@ def outside_arms(records) -> pd.DataFrame:
     """One row per arm implemented outside the harness's engines (a reference implementation,
     an engine process, a server): which implementation, its version and command, what it could
     not show. Read from the records' `engine` and `reference_engine` descriptions."""
+    return pd.DataFrame([row for _, rec in records for row in outside_rows(rec)], columns=OUTSIDE_COLUMNS)
+
+
+OUTSIDE_COLUMNS = ["cell_id", "method", "reference", "arm", "implementation", "version", "launch", "observed", "status"]
+
+
+def outside_rows(rec: dict) -> list[dict]:
+    """One record's `outside_arms` rows: its method arm, its reference arm, or both."""
     rows = []
-    for _, rec in records:
-        for arm, d in (("method", rec.get("engine")), ("reference", rec.get("reference_engine"))):
-            if isinstance(d, dict) and d.get("implementation"):
-                m = rec["cell"]["method"]
-                rows.append({"cell_id": rec["cell_id"], "method": m.get("label") or m["name"],
-                             "reference": rec["cell"].get("reference") or "base", "arm": arm,
-                             "implementation": d["implementation"], "version": d.get("version"),
-                             "launch": d.get("launch") or d.get("command"), "observed": d.get("observed"),
-                             "status": rec.get("status")})
-    return pd.DataFrame(rows, columns=["cell_id", "method", "reference", "arm", "implementation", "version",
-                                       "launch", "observed", "status"])
+    for arm, d in (("method", rec.get("engine")), ("reference", rec.get("reference_engine"))):
+        if isinstance(d, dict) and d.get("implementation"):
+            m = rec["cell"]["method"]
+            rows.append({"cell_id": rec["cell_id"], "method": m.get("label") or m["name"],
+                         "reference": rec["cell"].get("reference") or "base", "arm": arm,
+                         "implementation": d["implementation"], "version": d.get("version"),
+                         "launch": d.get("launch") or d.get("command"), "observed": d.get("observed"),
+                         "status": rec.get("status")})
+    return rows
 
 
 DEPTH_BIN = 16  # output tokens per depth bin: a few rounds of a block-8 method per prompt, many in a run
@@ -355,6 +403,8 @@ def depth_table(details: list[dict], width: int = DEPTH_BIN) -> list[dict]:
 
 
 AXES = ("context", "temperature")  # bench axes the report reads along, each in a column of its own
+DEPTH_COLUMNS = ["arch", "method", "block_size", "kv", "context", "temperature", "cell_id", "bin", "depth_lo",
+                 "depth_hi", "rounds", "emitted", "drafted", "accepted", "tau", "acceptance_rate"]
 
 
 def depth(records, width: int = DEPTH_BIN) -> pd.DataFrame:
@@ -362,18 +412,21 @@ def depth(records, width: int = DEPTH_BIN) -> pd.DataFrame:
     all the cell's prompts, the cell named without its context and temperature (columns of
     their own). Cells whose acceptance the record could not observe are left out."""
     labels = cell_labels(records, leave_out=AXES)
-    rows = []
-    for _, rec in records:
-        if rec.get("status") != "ok" or (rec.get("summary") or {}).get("acceptance_unobserved"):
-            continue
-        details = [i["rounds_detail"] for i in rec.get("prompts", []) if i.get("rounds_detail")]
-        bench = bench_of(rec)
-        for row in depth_table(details, width):
-            rows.append({**_keys(rec, labels), "context": bench["context"], "temperature": bench.get("temperature"),
-                         "cell_id": rec["cell_id"], **row})
-    df = pd.DataFrame(rows, columns=["arch", "method", "block_size", "kv", "context", "temperature", "cell_id", "bin",
-                                     "depth_lo", "depth_hi", "rounds", "emitted", "drafted", "accepted", "tau",
-                                     "acceptance_rate"])
+    return depth_frame([row for _, rec in records for row in depth_rows(rec, labels, width)])
+
+
+def depth_rows(rec: dict, labels, width: int = DEPTH_BIN) -> list[dict]:
+    """One record's `depth` rows (`labels` named without AXES)."""
+    if rec.get("status") != "ok" or (rec.get("summary") or {}).get("acceptance_unobserved"):
+        return []
+    details = [i["rounds_detail"] for i in _items(rec) if i.get("rounds_detail")]
+    bench = bench_of(rec)
+    return [{**_keys(rec, labels), "context": bench["context"], "temperature": bench.get("temperature"),
+             "cell_id": rec["cell_id"], **row} for row in depth_table(details, width)]
+
+
+def depth_frame(rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=DEPTH_COLUMNS)
     df["block_size"] = df["block_size"].astype("Int64")
     return df
 
@@ -385,6 +438,9 @@ def axis_values(records, axis: str) -> list:
 
 
 PHASE_PREFIX = "ms "  # an `along` column holding a phase's mean ms per round
+ALONG_COLUMNS = ["arch", "method", "block_size", "kv", "{axis}", "cell_id", "paired", "speedup", "speedup_ci_low",
+                 "speedup_ci_high", "tau", "acceptance_rate", "ttft_ms", "base_ttft_ms", "context_tokens",
+                 "first_prefill_ms", "first_prepare_ms"]
 
 
 def along(records, axis: str) -> pd.DataFrame:
@@ -396,25 +452,95 @@ def along(records, axis: str) -> pd.DataFrame:
     (prepare: a drafter's pass over the prompt), and one column per profiled phase ("ms verify":
     mean ms per round, `phase_means`)."""
     labels = cell_labels(records, leave_out=(axis,))
-    rows = []
-    for _, rec in records:
-        if rec.get("status") != "ok":
-            continue
-        s, items = rec.get("summary") or {}, rec.get("prompts", [])
-        held = [i["context_tokens"] for i in items if i.get("context_tokens") is not None]
-        firsts = [i["first_token"] for i in items if i.get("first_token")]  # the profiled runs' first-token split
-        rows.append({**_keys(rec, labels), axis: bench_of(rec).get(axis), "cell_id": rec["cell_id"],
-                     "paired": rec["cell"].get("reference") is not None,
-                     **{k: s.get(k) for k in ("speedup", "speedup_ci_low", "speedup_ci_high", "tau",
-                                              "acceptance_rate", "ttft_ms", "base_ttft_ms")},
-                     "context_tokens": statistics.mean(held) if held else None,
-                     **{f"first_{k}_ms": statistics.mean(f.get(k, 0.0) for f in firsts) if firsts else None
-                        for k in ("prefill", "prepare")},
-                     **{PHASE_PREFIX + p: ms for p, ms in phase_means(items).items()}})
-    columns = ["arch", "method", "block_size", "kv", axis, "cell_id", "paired", "speedup", "speedup_ci_low",
-               "speedup_ci_high", "tau", "acceptance_rate", "ttft_ms", "base_ttft_ms", "context_tokens",
-               "first_prefill_ms", "first_prepare_ms"]
+    return along_frame([row for _, rec in records for row in along_rows(rec, labels, axis)], axis)
+
+
+def along_rows(rec: dict, labels, axis: str) -> list[dict]:
+    """One record's `along` row (`labels` named without `axis`); none for a cell that did not run."""
+    if rec.get("status") != "ok":
+        return []
+    s, items = rec.get("summary") or {}, _items(rec)
+    held = [i["context_tokens"] for i in items if i.get("context_tokens") is not None]
+    firsts = [i["first_token"] for i in items if i.get("first_token")]  # the profiled runs' first-token split
+    return [{**_keys(rec, labels), axis: bench_of(rec).get(axis), "cell_id": rec["cell_id"],
+             "paired": rec["cell"].get("reference") is not None,
+             **{k: s.get(k) for k in ("speedup", "speedup_ci_low", "speedup_ci_high", "tau",
+                                      "acceptance_rate", "ttft_ms", "base_ttft_ms")},
+             "context_tokens": statistics.mean(held) if held else None,
+             **{f"first_{k}_ms": statistics.mean(f.get(k, 0.0) for f in firsts) if firsts else None
+                for k in ("prefill", "prepare")},
+             **{PHASE_PREFIX + p: ms for p, ms in phase_means(_profiled(items)).items()}}]
+
+
+def along_frame(rows: list[dict], axis: str) -> pd.DataFrame:
+    columns = [c.format(axis=axis) for c in ALONG_COLUMNS]
     df = pd.DataFrame(rows)
     df = df.reindex(columns=columns + [c for c in df.columns if c not in columns])  # the phases follow
     df["block_size"] = df["block_size"].astype("Int64")
     return df
+
+
+# What a record's values can raise in the builders above when they are damaged in a way its
+# field types do not show (a zero rate under a logarithm, reps that do not pair).
+DAMAGE = (ArithmeticError, LookupError, TypeError, ValueError, AttributeError, AssertionError)
+
+
+@dataclass
+class Frames:
+    """Every frame the report reads, built in one pass over the records, and the records
+    left out because their values broke a builder: [(path, why)], named like non-records."""
+
+    records: list
+    damaged: list
+    cells: pd.DataFrame
+    prompts: pd.DataFrame
+    profiles: pd.DataFrame
+    host: pd.DataFrame
+    categories: pd.DataFrame
+    depth: pd.DataFrame
+    hists: pd.DataFrame
+    outside: pd.DataFrame
+    along: dict = field(default_factory=dict)  # axis -> `along` frame, for axes with several values
+
+
+def build_frames(records, width: int = DEPTH_BIN) -> Frames:
+    """The Frames of `records`. A record whose values break a builder is left out and named;
+    the rest are then built again, since cell names depend on which cells share a table."""
+    rows, kept, damaged = _rows_by_record(records, width)
+    if damaged:
+        rows, kept, more = _rows_by_record(kept, width)
+        damaged += more
+    return Frames(records=kept, damaged=damaged, cells=cells_frame(rows["cells"]),
+                  prompts=pd.DataFrame(rows["prompts"]), profiles=pd.DataFrame(rows["profiles"]),
+                  host=pd.DataFrame(rows["host"]), categories=categories_frame(rows["categories"]),
+                  depth=depth_frame(rows["depth"]), hists=pd.DataFrame(rows["hists"]),
+                  outside=pd.DataFrame(rows["outside"], columns=OUTSIDE_COLUMNS),
+                  along={axis: along_frame(rows[axis], axis) for axis in AXES if len(axis_values(kept, axis)) > 1})
+
+
+def _rows_by_record(records, width: int) -> tuple[dict[str, list], list, list]:
+    # Every frame's rows, record by record: (rows by frame, the records kept, [(path, why)] for the others).
+    labels, by_depth, *along_labels = cell_label_sets(records, [(), AXES, *((axis,) for axis in AXES)])
+    by_axis = dict(zip(AXES, along_labels))
+    rows: dict[str, list] = {k: [] for k in ("cells", "prompts", "profiles", "host", "categories", "depth", "hists",
+                                             "outside", *AXES)}
+    kept, damaged = [], []
+    for path, rec in records:
+        try:
+            got = {"cells": [cell_row(path, rec, labels)], "prompts": prompt_rows(rec, labels),
+                   "profiles": profile_rows(rec, labels), "host": profile_rows(rec, labels, "phase_host_ms"),
+                   "categories": category_rows(rec, labels), "depth": depth_rows(rec, by_depth, width),
+                   "hists": accept_hist_rows(rec, labels), "outside": outside_rows(rec),
+                   **{axis: along_rows(rec, by_axis[axis], axis) for axis in AXES}}
+        except DAMAGE as e:
+            damaged.append((path, f"is a record whose values the report cannot use ({type(e).__name__}: "
+                                  f"{_first_line(e)}; damaged or edited by hand)"))
+            continue
+        kept.append((path, rec))
+        for k, v in got.items():
+            rows[k] += v
+    return rows, kept, damaged
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]

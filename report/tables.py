@@ -16,6 +16,11 @@ def _fmt(x, spec: str) -> str:
     return format(int(x) if spec == "d" else x, spec)
 
 
+def _rows(df: pd.DataFrame) -> list[dict]:
+    # A frame's rows as plain dicts: what iterrows gives these mixed frames, at a fraction of its cost.
+    return df.to_dict("records")
+
+
 def _md(rows, headers) -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
@@ -62,25 +67,31 @@ def _sampled(r) -> bool:
 def cell_table(df: pd.DataFrame) -> str:
     """method x block size x kv for one arch: paired tok/s and speedup, acceptance, divergence."""
     rows = []
-    for _, r in _order(df).iterrows():
+    for r in _rows(_order(df)):
         if r["status"] != "ok":
             rows.append([r["method"], _fmt(r["block_size"], "d"), r["kv"], *["-"] * 10,  # the reason under "diverged"
                          f"{r['status']}: {_one_line(r['reason'])}"])
             continue
-        div = f"{int(r['diverged_prompts'])}/{int(r['prompts'])}"
-        if r["diverged_prompts"] and _sampled(r):
-            div += " (sampled: expected)"  # a sampled output leaves the greedy one by design
-        elif r["diverged_prompts"]:
-            div += f" (first at {int(r['earliest_divergence'])})"
         rows.append([r["method"], _fmt(r["block_size"], "d"), r["kv"], _fmt(r["base_decode_tps"], ".1f"),
                      _fmt(r["decode_tps"], ".1f"), _speedup(r), _speedup(r, "speedup_prompts"),
                      _speedup(r, "e2e_speedup"), _pair(r, "base_ttft_ms", "ttft_ms", ".1f"), _fmt(r["tau"], ".2f"),
                      _fmt(r["acceptance_rate"], ".1%"), _positions(r["per_position_acceptance"]),
-                     _sigma(r), div])
+                     _sigma(r), _diverged(r)])
     headers = ["method", "block", "kv", "reference tok/s", "tok/s", "speedup [95% CI: reps]",
                "over prompts [95% CI]", "end-to-end [95% CI: reps]", "TTFT ms reference/method", "tau", "accept",
                "accept by position", "sigma% reference/method", "diverged"]
     return _md(rows, headers)
+
+
+def _diverged(r) -> str:
+    # "1/3 (first at 12)": prompts whose output left the reference's, of all; "-" for a count not recorded.
+    n = r["diverged_prompts"]
+    div = f"{_fmt(n, 'd')}/{_fmt(r['prompts'], 'd')}"
+    if pd.isna(n) or not n:
+        return div
+    if _sampled(r):
+        return div + " (sampled: expected)"  # a sampled output leaves the greedy one by design
+    return div + f" (first at {_fmt(r['earliest_divergence'], 'd')})"
 
 
 def _span(xs: pd.Series, spec: str) -> str:
@@ -93,14 +104,15 @@ def ceiling_line(df: pd.DataFrame) -> str:
     ok = df[(df["status"] == "ok") & df["ceiling_tps"].notna()]
     if ok.empty:
         return ""
-    ceiling, gbs = ok["ceiling_tps"].median(), ok["stream_gbs"].median()
+    number = lambda col: pd.to_numeric(ok[col], errors="coerce")  # noqa: E731 -- None where a record lacks it
+    ceiling, gbs = number("ceiling_tps").median(), number("stream_gbs").median()
     # base decoding's tok/s: the base arm of cells paired with base, and base cells paired with anything
     base = pd.concat([ok.loc[ok["reference"] == "base", "base_decode_tps"],
                       ok.loc[ok["method"].str.split().str[0] == "base", "decode_tps"]]).astype(float)
     if base.empty:
         return ""
     share = base / float(ceiling)
-    return (f"Weights {ok['weight_bytes'].iloc[0] / 1e6:.2f} MB. Decode ceiling {ceiling:,.0f} tok/s: every weight "
+    return (f"Weights {number('weight_bytes').iloc[0] / 1e6:.2f} MB. Decode ceiling {ceiling:,.0f} tok/s: every weight "
             f"read once per token at {gbs:.2f} GB/s, the rate of a matrix-vector product of that size here "
             f"(KV reads come on top). Base decoding reaches {_span(share, '.0%')} of it; "
             f"speculation can pass it, since a verify reads the weights once for several tokens.\n\n")
@@ -126,7 +138,7 @@ def conditions_line(df: pd.DataFrame) -> str:
         if "other_cpu_share" in df else df.iloc[:0]
     if len(loaded):
         worst = loaded["other_cpu_share"].astype(float).max()
-        cells = ", ".join(f"{r['method']} b{_fmt(r['block_size'], 'd')} {r['kv']}" for _, r in loaded.iterrows())
+        cells = ", ".join(f"{r['method']} b{_fmt(r['block_size'], 'd')} {r['kv']}" for r in _rows(loaded))
         notes.append(f"**Measured under load**: other processes kept up to {worst:.0%} of the CPUs busy during "
                      f"{len(loaded)} cell(s) ({cells}); their tok/s and ratios are less trustworthy.")
     return "".join(f"{n}\n\n" for n in notes)
@@ -149,7 +161,7 @@ def profile_table(prof: pd.DataFrame) -> str:
         return "_No profiled cells (bench.profile=false)._\n"
     phases = _phase_columns(prof)
     rows = []
-    for _, r in prof.sort_values(PROFILE_KEYS, na_position="first").iterrows():
+    for r in _rows(prof.sort_values(PROFILE_KEYS, na_position="first")):
         vals = [r[p] for p in phases]
         rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"],
                      *[_fmt(v, ".3f") for v in vals], _fmt(_round_sum(vals), ".3f")])
@@ -167,11 +179,11 @@ HOST_CAPTION = (
 
 def host_table(host: pd.DataFrame, prof: pd.DataFrame) -> str:
     # host: profiles(records, "phase_host_ms"); prof: profiles(records), for each phase's whole time.
-    whole = prof.set_index("cell_id")
+    whole = {r["cell_id"]: r for r in prof.to_dict("records")}
     phases = _phase_columns(host)
     rows = []
-    for _, r in host.sort_values(PROFILE_KEYS, na_position="first").iterrows():
-        total = whole.loc[r["cell_id"]]
+    for r in host.sort_values(PROFILE_KEYS, na_position="first").to_dict("records"):
+        total = whole.get(r["cell_id"], {})  # a damaged record may time its host but not its phases
         h, t = _round_sum(r[p] for p in phases), _round_sum(total.get(p) for p in phases)
         rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"],
                      *[f"{_fmt(r[p], '.2f')} / {_fmt(total.get(p), '.2f')}" for p in phases],
@@ -184,7 +196,7 @@ def model_table(df: pd.DataFrame) -> str:
     if sub.empty:
         return "_No drafting cells._\n"
     rows = []
-    for _, r in _order(sub).iterrows():
+    for r in _rows(_order(sub)):
         rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"], _fmt(r["acceptance_rate"], ".3f"),
                      _fmt(r["iid_acceptance"], ".3f"), _fmt(r["tau"], ".2f"),
                      _fmt(r["verify_cost_ratio"], ".2f"), _fmt(r["round_cost_ratio"], ".2f"),
@@ -200,10 +212,11 @@ def model_table(df: pd.DataFrame) -> str:
 def _control_outcomes(pr: pd.DataFrame) -> dict[tuple, str]:
     # (arch, block, kv, prompt, turn) -> what the control did there: "kept base" or its first index.
     # the label may carry bench settings ("control (T=0.0)"); a sampled control explains nothing
-    ctl = pr[(pr["method"].str.split().str[0] == "control") & ~pr.apply(_sampled, axis=1)]
+    temperature = pd.to_numeric(pr["temperature"], errors="coerce") if "temperature" in pr else pd.Series(0.0, pr.index)
+    ctl = pr[(pr["method"].str.split().str[0] == "control") & ~(temperature > 0)]
     return {(r["arch"], r["block_size"], r["kv"], r["id"], r["turn"]):
             "kept base" if pd.isna(r["first_divergence"]) else f"left at {int(r['first_divergence'])}"
-            for _, r in ctl.iterrows()}
+            for r in _rows(ctl)}
 
 
 def divergence_table(pr: pd.DataFrame) -> str:
@@ -215,7 +228,7 @@ def divergence_table(pr: pd.DataFrame) -> str:
     control = _control_outcomes(pr)
     sub = pr[pr["first_divergence"].notna()]
     rows = []
-    for _, r in sub.sort_values(["arch", "method", "block_size", "kv", "id"]).iterrows():
+    for r in _rows(sub.sort_values(["arch", "method", "block_size", "kv", "id"])):
         key = (r["arch"], r["block_size"], r["kv"], r["id"], r["turn"])
         rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"], f"{r['id']}/{r['turn']}",
                      int(r["first_divergence"]), _fmt(r["matched_fraction"], ".0%"),
@@ -240,7 +253,7 @@ def resources_table(df: pd.DataFrame) -> str:
     if sub.empty or "peak_memory_bytes" not in sub or sub["peak_memory_bytes"].isna().all():
         return "_No memory measurements in these records._\n"
     rows = []
-    for _, r in _order(sub).iterrows():
+    for r in _rows(_order(sub)):
         rows.append([r["arch"], r["method"], _fmt(r["block_size"], "d"), r["kv"],
                      f"{_mb(r.get('base_peak_memory_bytes'))} / {_mb(r['peak_memory_bytes'])}",
                      f"{_mb(r.get('base_cache_bytes'))} / {_mb(r['cache_bytes'])}",
@@ -287,15 +300,17 @@ def category_tables(cat: pd.DataFrame) -> str:
     parts = []
     for arch, sub in cat.groupby("arch", sort=True):
         order = _category_order(sub)
-        by_cell = {cid: g.set_index("category") for cid, g in sub.groupby("cell_id", sort=False)}
+        by_cell: dict[str, dict] = {}  # cell id -> category -> row (plain dicts: thousands of cells)
+        for r in sub.to_dict("records"):
+            by_cell.setdefault(r["cell_id"], {})[r["category"]] = r
         cells = sub[sub["category"] == order[0]].sort_values(["method", "block_size", "kv"], na_position="first")
         parts.append(f"### {arch}\n\n{_counts_line(sub, order)}")
         for title, fmt in metrics:
             rows = []
-            for _, c in cells.iterrows():
+            for c in cells.to_dict("records"):
                 g = by_cell[c["cell_id"]]
                 rows.append([c["method"], _fmt(c["block_size"], "d"), c["kv"],
-                             *[fmt(g.loc[k]) if k in g.index else "-" for k in order]])
+                             *[fmt(g[k]) if k in g else "-" for k in order]])
             parts.append(f"{title}:\n\n{_md(rows, ['method', 'block', 'kv', *order])}\n\n")
     return "".join(parts)
 
@@ -304,7 +319,7 @@ def outside_table(df: pd.DataFrame) -> str:
     """Arms implemented outside the harness: implementation, version, launch command, what it could not show."""
     rows = [[f"{r['method']} vs {r['reference']}", r["arm"], _one_line(r["implementation"]), _fmt(r["version"], "s"),
              _one_line(r["launch"]) if r["launch"] else "-", _one_line(r["observed"]) if r["observed"] else "-"]
-            for _, r in df.drop_duplicates(["method", "reference", "arm", "implementation", "launch"]).iterrows()]
+            for r in _rows(df.drop_duplicates(["method", "reference", "arm", "implementation", "launch"]))]
     return _md(rows, ["cell", "arm", "implementation", "version", "launch", "not observable / how observed"])
 
 
@@ -330,15 +345,18 @@ def depth_summary_table(dep: pd.DataFrame) -> str:
     if sub.empty:
         return "_No drafting cells: no acceptance to read by depth._\n"
     axes = _varying(sub, ["context", "temperature"])
+    by_bin = sub.sort_values("bin", kind="stable")  # each cell's first and last bins, without a sort per cell
+    firsts = {r["cell_id"]: r for r in by_bin.drop_duplicates("cell_id", keep="first").to_dict("records")}
+    lasts = {r["cell_id"]: r for r in by_bin.drop_duplicates("cell_id", keep="last").to_dict("records")}
+    bins = sub["cell_id"].value_counts()
     rows = []
-    for _, g in _axis_order(sub, *axes).groupby("cell_id", sort=False):
-        g = g.sort_values("bin")
-        first, last = g.iloc[0], g.iloc[-1]
+    for cid in _axis_order(sub, *axes)["cell_id"].drop_duplicates():
+        first, last = firsts[cid], lasts[cid]
         rows.append([first["arch"], first["method"], _fmt(first["block_size"], "d"), first["kv"],
                      *[first[a] for a in axes],
                      f"{first['depth_lo']}-{first['depth_hi']} / {last['depth_lo']}-{last['depth_hi']}",
                      _first_last(first["rounds"], last["rounds"], "d"), _first_last(first["tau"], last["tau"], ".2f"),
-                     _first_last(first["acceptance_rate"], last["acceptance_rate"], ".1%"), len(g)])
+                     _first_last(first["acceptance_rate"], last["acceptance_rate"], ".1%"), int(bins[cid])])
     headers = ["arch", "method", "block", "kv", *[{"temperature": "T"}.get(a, a) for a in axes],
                "positions first / last bin", "rounds", "tau", "accept", "bins"]
     return _md(rows, headers) + "\n"
@@ -366,7 +384,7 @@ def context_table(ax: pd.DataFrame) -> str:
              _fmt(r["context_tokens"], ".0f"), _speedup(r), _fmt(r["tau"], ".2f"), _fmt(r["acceptance_rate"], ".1%"),
              _pair(r, "base_ttft_ms", "ttft_ms", ".1f"), _fmt(r["first_prefill_ms"], ".1f"),
              _fmt(r["first_prepare_ms"], ".1f"), _phases(r, cols)]
-            for _, r in _axis_order(ax, "context").iterrows()]
+            for r in _rows(_axis_order(ax, "context"))]
     headers = ["arch", "method", "block", "kv", "context", "context tokens (mean)", "speedup [95% CI: reps]", "tau",
                "accept", "TTFT ms reference/method", "prefill ms", "context pass ms",
                "ms per round by phase (profiled)"]
@@ -382,5 +400,5 @@ def temperature_table(ax: pd.DataFrame) -> str:
              "-" if pd.isna(r["temperature"]) else
              f"{float(r['temperature'])}" + (" (sampled)" if _sampled(r) else " (greedy)"),
              _speedup(r), _fmt(r["tau"], ".2f"), _fmt(r["acceptance_rate"], ".1%")]
-            for _, r in _axis_order(ax, "temperature").iterrows()]
+            for r in _rows(_axis_order(ax, "temperature"))]
     return _md(rows, ["arch", "method", "block", "kv", "T", "speedup [95% CI: reps]", "tau", "accept"]) + "\n"
