@@ -26,6 +26,7 @@ import mlx.core as mx
 
 from engines.base import Engine
 from engines.errors import Unsupported
+from engines.sampling import accept_deterministic, accept_speculative
 from engines.static import StaticTarget, static_layout
 
 
@@ -59,6 +60,22 @@ class DeviceEngine(Engine):
 
     def round(self) -> mx.array:
         raise NotImplementedError
+
+    def verify_and_accept(self, drafts: mx.array, q: mx.array | None) -> tuple[mx.array, object]:
+        """Verify [pending] + drafts [K] in one target forward and accept on the device; returns the
+        outcome [1 + K + 1] and the verify's Forward (its hidden states, for drafters that read them).
+        The target's position, the pending token and the output position then assume the outcome."""
+        start = self.target.position
+        fwd = self.target.forward(mx.concatenate([self.pending, drafts]))  # logits [K+1, V]
+        if q is not None and self.sampler.temperature > 0:
+            outcome = accept_speculative(drafts, q, fwd.logits, self.sampler, self.out_pos)
+        else:
+            outcome = accept_deterministic(drafts, self.sampler.choose(fwd.logits, self.out_pos))
+        n = outcome[0]
+        self.target.set_position(start + n + 1)  # pending and the accepted drafts stay; the rest is masked
+        self.pending = mx.take(outcome[1:], n[None]).astype(mx.int32)  # [1] the last emitted token
+        self.out_pos = self.out_pos + n + 1
+        return outcome, fwd
 
     def caches(self) -> list:
         return list(self.target.state.caches)

@@ -21,9 +21,11 @@ from mlx_lm.models.cache import RotatingKVCache
 from engines import shared_weights
 from engines.base import Draft, Engine
 from engines.checkpoint import float_drafter
+from engines.device import DeviceEngine
 from engines.errors import DrafterError, Unsupported
 from engines.home import home
 from engines.hidden import activation_dtype, vocab_size
+from engines.static import StaticTarget, static_layout
 from engines.target import Target
 
 
@@ -122,3 +124,66 @@ class DraftModel(Engine):
         return {**super().describe(), "k": self.k, "drafter_model_type": self.config.get("model_type"),
                 "drafter_layers": self.config.get("num_hidden_layers"),
                 "drafter_cache_types": sorted(set(self.dm.layout.types)), "drafter_fed_tokens": self.dm.fed_tokens}
+
+
+class DraftModelStatic(DeviceEngine):
+    """Draft-model speculation in a round that stays on the device (engines/device.py): the draft
+    model runs on static caches of its own (a StaticTarget), K steps a round, always K.
+
+    Its cache holds every position but the last two of the history (dp = tp - 1, tp the target's),
+    and each round's first step feeds those two [previous, pending]: the one the draft model has
+    not seen, and the one it may have seen as a draft (the same token at the same position, so
+    writing it again changes nothing). After the verify both positions follow from the accepted
+    count on the device, so no round waits for the host to say how many drafts were kept."""
+
+    name = "draft_model"
+    knobs = ("block_size", "drafter", "verify")
+    drafter_kind = "draft_model"
+
+    def __init__(self, target, cfg):
+        super().__init__(target, cfg)
+        self.k = (cfg.block_size or DEFAULT_BLOCK_SIZE) - 1
+        if self.k < 1:
+            raise Unsupported(f"draft_model needs method.block_size >= 2 (one draft or more); got {cfg.block_size}")
+        self.block = self.k + 1
+        self.path = Path(cfg.drafter)
+        model, self.config = load_draft_model(self.path, target)
+        shapes = static_layout(model, target.kv)  # its cache stores what the target's does
+        if isinstance(shapes, str):
+            raise Unsupported(f"execution=static: the draft model {self.path}: {shapes}")
+        self.dm = StaticTarget(model, shapes, kv=target.kv)
+
+    def start(self, prompt, max_new_tokens):
+        first = super().start(prompt, max_new_tokens)
+        self.dm.prefill(prompt[:-1], 1 + max_new_tokens + 3 * self.block)  # all but the prompt's last token
+        self.previous = mx.array(prompt[-1:], dtype=mx.int32)  # [1] the token before pending
+        return first
+
+    def round(self):
+        start = self.target.position  # tp: the pending token goes there
+        logits = self.dm.forward(mx.concatenate([self.previous, self.pending])).logits[-1:]  # [1, V]
+        tokens, qs = [], []
+        for i in range(self.k):
+            if i:
+                logits = self.dm.forward(tokens[-1]).logits  # [1, V]
+            t, q = self.sampler.propose(logits, self.out_pos + i)
+            tokens.append(t.astype(mx.int32))
+            qs.append(q)
+        drafts = mx.concatenate(tokens)  # [K]
+        verified = mx.concatenate([self.pending, drafts])  # [K + 1]
+        outcome, _ = self.verify_and_accept(drafts, mx.concatenate(qs) if qs[0] is not None else None)
+        n = outcome[0]
+        self.previous = mx.take(verified, n[None])  # [1]: the last accepted draft, or the old pending
+        self.dm.set_position(start + n)  # dp = tp - 1 once more
+        return outcome
+
+    def caches(self):
+        return [*super().caches(), *self.dm.state.caches]
+
+    def state(self):
+        return [*super().state(), self.dm.arrays(), self.previous]
+
+    def describe(self):
+        return {**super().describe(), "k": self.k, "drafter_model_type": self.config.get("model_type"),
+                "drafter_layers": self.config.get("num_hidden_layers"), "drafter_traces": self.dm.traces,
+                "drafter_fed_tokens": self.dm.fed_tokens}

@@ -15,7 +15,10 @@ Python cost does not grow with the context.
 
 from __future__ import annotations
 
+import mlx.core as mx
+
 from engines.base import Draft, Engine
+from engines.device import DeviceEngine
 
 
 class NgramIndex:
@@ -69,3 +72,59 @@ class Ngram(Engine):
 
     def draft(self, history):
         return Draft(self.index.propose(history, self.k))
+
+
+def lookup(history: mx.array, length: mx.array, k: int, min_n: int, max_n: int) -> mx.array:
+    """NgramIndex.propose on the device: history [C] ids of which the first `length` ([] int32) are
+    real -> drafts [K]. The longest suffix n-gram that occurred earlier, its latest occurrence, and
+    the K tokens after it, copied forward past the end as _copy_forward does. Without a match the
+    drafts repeat the last token (a round must have K of them; the verify rejects what is wrong)."""
+    c = history.shape[0]
+    idx = mx.arange(c)
+    start = mx.array(-1, dtype=mx.int32)
+    for n in range(min_n, max_n + 1):  # ascending: a longer match found later wins
+        suffix = mx.take(history, mx.maximum(length - n + mx.arange(n), 0))  # [n]
+        ends = (idx >= n - 1) & (idx <= length - 2) & (length >= n)  # n-grams followed by a token
+        for j in range(n):  # the n-gram ending at e equals the suffix: history[e - j] == suffix[n - 1 - j]
+            shifted = history if j == 0 else mx.concatenate([mx.full((j,), -1, history.dtype), history[: c - j]])
+            ends = ends & (shifted == suffix[n - 1 - j])
+        latest = mx.max(mx.where(ends, idx, -1))
+        start = mx.where(latest >= 0, latest + 1, start)
+    period = mx.maximum(length - start, 1)
+    drafts = mx.take(history, mx.clip(start + mx.arange(k) % period, 0, c - 1))
+    return mx.where(start >= 0, drafts, mx.take(history, mx.maximum(length - 1, 0))).astype(mx.int32)
+
+
+class NgramStatic(DeviceEngine):
+    """N-gram drafting in a round that stays on the device (engines/device.py): the history is a
+    device buffer, the lookup (`lookup`) a compiled function of it, the K drafts always K."""
+
+    name = "ngram"
+    knobs = ("block_size", "min_ngram", "max_ngram", "verify")
+
+    def __init__(self, target, cfg):
+        super().__init__(target, cfg)
+        self.k, self.block = cfg.block_size - 1, cfg.block_size
+        self._lookup = mx.compile(lambda h, n: lookup(h, n, self.k, cfg.min_ngram, cfg.max_ngram))
+
+    def start(self, prompt, max_new_tokens):
+        first = super().start(prompt, max_new_tokens)
+        size = len(prompt) + max_new_tokens + 3 * self.block  # every token a read round can write, and one more round
+        self.history = mx.concatenate([mx.array(prompt, dtype=mx.int32), first,
+                                       mx.zeros((size - len(prompt) - 1,), dtype=mx.int32)])
+        self.length = mx.array(len(prompt) + 1, dtype=mx.int32)
+        return first
+
+    def round(self):
+        drafts = self._lookup(self.history, self.length)  # [K]
+        outcome, _ = self.verify_and_accept(drafts, None)
+        start = mx.minimum(self.length, self.history.shape[0] - (self.k + 1))  # in bounds, as StaticKVCache writes
+        self.history = mx.slice_update(self.history, outcome[1:], start[None], axes=(0,))
+        self.length = self.length + outcome[0] + 1
+        return outcome
+
+    def state(self):
+        return [*super().state(), self.history, self.length]
+
+    def describe(self):
+        return {**super().describe(), "k": self.k}

@@ -29,6 +29,8 @@ ENGINES = {
 # The same methods with rounds that stay on the device (engines/device.py), for execution=static.
 STATIC = {
     "base": "engines.device:StaticBase",
+    "ngram": "engines.ngram:NgramStatic",
+    "draft_model": "engines.draft_model:DraftModelStatic",
 }
 
 ALIASES = {

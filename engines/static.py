@@ -187,7 +187,7 @@ class StaticTarget:
     def __init__(self, model: nn.Module, shapes: list[Shape], hidden_layers: tuple[int, ...] = (), kv: str = "native"):
         from engines.hidden import activation_dtype, vocab_size
 
-        self.model, self.hidden_layers = model, tuple(hidden_layers)
+        self.model, self.hidden_layers, self.kv = model, tuple(hidden_layers), kv
         storage = getattr(mx, kv) if kv in ("float16", "bfloat16") else None
         self.state = StaticState(shapes, activation_dtype(model), storage)
         self.vocab_size = vocab_size(model)
@@ -213,6 +213,8 @@ class StaticTarget:
 
         ids = as_ids(prompt)
         self.state.reset(capacity_for(ids.shape[0] + reserve))
+        if ids.shape[0] == 0:  # nothing to feed (a draft model behind a one-token prompt)
+            return Forward(None, None)
         hidden = []
         for s in range(0, ids.shape[0], PREFILL_CHUNK):
             logits, h = self._run(ids[s: s + PREFILL_CHUNK])
