@@ -89,8 +89,9 @@ def run_cell(cfg) -> Path | None:
         raise CellAborted(str(e), EXIT_CODES["lock timeout"]) from None
     PROGRESS.measured_cell(cfg.method.name, time.perf_counter() - t0)  # waiting for the device excluded
     log(f"  -> {record['status']}: {_headline(record)}  [{path}]")
-    for warning in (record.get("engine") or {}).get("warnings") or []:  # what an arm saw that makes its numbers suspect
-        log(f"  warning: {warning}")
+    for key in ("engine", "reference_engine"):  # what an arm saw that makes its numbers suspect
+        for warning in (record.get(key) or {}).get("warnings") or []:
+            log(f"  warning: {warning}")
     if record.get("wall"):
         log("  wall: " + ", ".join(f"{k} {v:.1f}s" for k, v in record["wall"].items()) + f" (cell {record['wall_s']:.1f}s)")
     return _outcome(cid, record, path)
