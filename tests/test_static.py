@@ -18,16 +18,26 @@ from engines.sampling import Sampler
 from engines.static import StaticTarget, static_layout
 from engines.target import Target
 from harness.generation import run_generation
-from harness.models.fixtures import fixture_dir
+from harness.models.fixtures import drafter_dir, fixture_dir
 from tests.conftest import engine_cfg
 
 PROMPTS = [list(range(5, 25)), [7, 8, 9, 7, 8, 9, 7, 8, 9, 100, 7, 8], [3] * 40]
 
 
-def _cfg(name: str, **extra):
+DRAFTER_KIND = {"eagle3": "eagle3", "dflash_a": "dflash", "dflash_c": "dflash"}  # fixture drafters by method
+
+
+def _cfg(name: str, arch: str = "llama", **extra):
+    """A method config for `arch`'s fixture: its own drafter, a block of 4 (EAGLE-3: a depth-3 chain)."""
     if name == "draft_model":
         extra.setdefault("drafter", str(fixture_dir("llama")))
-    if name != "base":
+    if name in DRAFTER_KIND:
+        extra.setdefault("drafter", str(drafter_dir(DRAFTER_KIND[name], arch)))
+    if name == "mtp":
+        pytest.skip("no MTP head for a dense fixture: tests/test_static_mtp.py builds one")
+    if name == "eagle3":
+        extra.update(depth=3, top_k=1, total_tokens=3)
+    elif name != "base":
         extra.setdefault("block_size", 4)
     return engine_cfg(name=name, **extra)
 
@@ -42,7 +52,7 @@ def test_every_static_method_is_greedy_lossless_in_float32(models, arch, method)
     model, _ = models[arch]
     base = get_engine("base").build(model, _cfg("base"))
     static_base = get_engine("base", "static").build(model, _cfg("base"))
-    engine = get_engine(method, "static").build(model, _cfg(method))
+    engine = get_engine(method, "static").build(model, _cfg(method, arch))
     for prompt in PROMPTS:
         ref = _run(static_base, prompt).tokens
         assert _run(engine, prompt).tokens == ref, (arch, method, prompt)
