@@ -92,6 +92,40 @@ def verify_costs(model, prompt: list[int], n: int) -> dict:
     return out
 
 
+def drafter_dir(cfg: dict, dtype, where: Path) -> Path:
+    """A random 2-layer model of the target's shape saved as a draft model checkpoint."""
+    small = {**cfg, "num_hidden_layers": 2}
+    model = build(small, dtype)
+    where.mkdir(parents=True, exist_ok=True)
+    model.save_weights(str(where / "model.safetensors"))
+    (where / "config.json").write_text(json.dumps(small))
+    return where
+
+
+def round_costs(model, prompt: list[int], tokens: int, reps: int, drafter: Path) -> dict:
+    """ms per round of n-gram (K=3) and a draft model (K=3), eager and static (random weights: rounds
+    accept next to nothing, so this is what a round costs, not what it gains), medians over reps."""
+    from engines.draft_model import DraftModel, DraftModelStatic
+    from engines.ngram import Ngram, NgramStatic
+
+    sampler = Sampler(0.0, 0)
+    kinds = {"ngram": (Ngram, NgramStatic, MethodConfig(name="ngram", block_size=4)),
+             "draft_model": (DraftModel, DraftModelStatic,
+                             MethodConfig(name="draft_model", block_size=4, drafter=str(drafter)))}
+    out = {}
+    for name, (eager_cls, static_cls, cfg) in kinds.items():
+        engines = {"eager": eager_cls.build(model, cfg), "static": static_cls.build(model, cfg)}
+        ms = {k: [] for k in engines}
+        for eng in engines.values():
+            run_generation(eng, prompt, tokens, sampler)  # warm-up
+        for _ in range(reps):
+            for label, eng in engines.items():
+                gen = run_generation(eng, prompt, tokens, sampler)
+                ms[label].append(1e3 * gen.decode_s / len(gen.rounds))
+        out[name] = {k: round(statistics.median(v), 3) for k, v in ms.items()}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true")
@@ -110,6 +144,12 @@ def main() -> int:
            "model": "tiny" if a.tiny else "smollm2-shape", "context": a.context, "tokens": a.tokens}
     row["decode"] = decode_rates(arms(model), prompt, a.tokens, a.reps)
     row["verify_ms"] = verify_costs(model, prompt, 10 if a.tiny else 50)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dtype = getattr(mx, row["dtype"])
+        row["round_ms"] = round_costs(model, prompt, a.tokens, a.reps,
+                                      drafter_dir(TINY if a.tiny else SMOLLM2, dtype, Path(tmp) / "drafter"))
     line = json.dumps(row)
     print(line, flush=True)
     if a.out:
