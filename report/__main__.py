@@ -21,9 +21,10 @@ import sys
 from pathlib import Path
 
 from harness.errors import ConfigError
-from harness.faults import Fault, guarded, name_path
+from harness.faults import Fault, guarded, name_path, os_error_line
 from harness.records import scan_records
-from report.document import write
+from report.document import Written, write
+from report.frames import build_frames
 from report.tables import arch_tables
 
 USAGE = "usage: python -m report [--strict] <results dir>"
@@ -48,24 +49,31 @@ def report(root: Path, strict: bool) -> int:
     if not root.is_dir():
         raise ConfigError(f"{root} is not a directory; pass the out_dir of a harness run (e.g. results/sweep-qwen35)")
     name_path(root, "the results directory given to python -m report")
-    good, unread = scan_records(root)
-    _warn(unread)
-    if not good:
-        raise ConfigError(f"no harness records under {root}; run `python -m harness out_dir={root}` first")
     try:
-        written = write(root, (good, unread))
+        written, left_out = _write(root)
+    except OSError as e:  # a full disk, a folder gone mid-way: its path, and that nothing was half-replaced
+        raise Fault(f"{os_error_line(e, 'cannot write the report')}; the previous report files are left whole") from None
     except MemoryError:
-        raise Fault(f"the report over {root} ran out of memory ({len(good)} records); report fewer at once (a "
-                    "subfolder), or on a machine with more memory; the previous report files are left whole") from None
-    _warn(written.damaged)
+        raise Fault(f"the report over {root} ran out of memory; report fewer records at once (a subfolder), or on a "
+                    "machine with more memory; the previous report files are left whole") from None
     print(arch_tables(written.cells))
     print(f"{len(written.cells)} cells -> {written.md} (+ report.csv, categories.csv, prompts.csv, profiles.csv, "
           f"depth.csv, *.png in {root})", file=sys.stderr)
-    left_out = len(unread) + len(written.damaged)
     if left_out and strict:
         print(f"error: {left_out} file(s) under {root} could not be read as records (--strict)", file=sys.stderr)
         return 1
     return 0
+
+
+def _write(root: Path) -> tuple[Written, int]:
+    # The report written, and how many files it left out (each named on stderr before anything is written).
+    good, unread = scan_records(root)
+    frames = build_frames(good)
+    _warn(unread + frames.damaged)
+    if not frames.records:
+        usable = " that the report can use" if good else ""
+        raise ConfigError(f"no harness records under {root}{usable}; run `python -m harness out_dir={root}` first")
+    return write(root, (good, unread), frames), len(unread) + len(frames.damaged)
 
 
 def _warn(unread: list) -> None:

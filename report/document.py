@@ -152,14 +152,14 @@ class Written(NamedTuple):
     damaged: list  # [(path, why)]: records whose values the report could not use, left out and named
 
 
-def write(root: Path, scanned: tuple[list, list] | None = None) -> Written:
+def write(root: Path, scanned: tuple[list, list] | None = None, frames: Frames | None = None) -> Written:
     """Write report.md, CSVs and PNGs into `root`, all or none: they are made in a hidden
     staging folder and moved in together only when all are ready (report/publish.py), so a
     failure leaves the previous report whole (never new CSVs beside a stale report.md).
-    `scanned`: scan_records(root), where the caller has it. ConfigError where no record is
-    left to report or `root` cannot take the report."""
+    `scanned`: scan_records(root), and `frames`: build_frames of its records, where the caller
+    has them. ConfigError where no record is left to report or `root` cannot take the report."""
     records, unread = scanned if scanned is not None else scan_records(root)
-    frames = build_frames(records)
+    frames = frames if frames is not None else build_frames(records)
     if not frames.records:
         raise ConfigError(f"no harness records under {root} that the report can use; run `python -m harness "
                           f"out_dir={root}` first")

@@ -204,12 +204,19 @@ def test_outputs_the_new_report_does_not_write_go_with_the_previous_report(tmp_p
     assert not (root / "speedup_vs_context.png").exists() and (root / "report.md").exists()
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, run_records):
     assert report(tmp_path / "none") == (2, "", f"error: {tmp_path / 'none'} is not a directory; pass the out_dir of "
                                                 "a harness run (e.g. results/sweep-qwen35)\n")
     code, _, err = report(tmp_path)
     assert code == 2 and errors(err) == [f"error: no harness records under {tmp_path}; run `python -m harness "
                                          f"out_dir={tmp_path}` first"]
+    rec = copy.deepcopy(run_records[NGRAM])
+    rec["prompts"][0]["decode_tps"][0] = 0.0  # its only record damaged: nothing left to report
+    write_run(tmp_path, {NGRAM: rec})
+    code, _, err = report(tmp_path)
+    assert code == 2 and f"{NGRAM} is a record whose values the report cannot use" in err
+    assert errors(err) == [f"error: no harness records under {tmp_path} that the report can use; run `python -m "
+                           f"harness out_dir={tmp_path}` first"] and outputs(tmp_path) == {}
 
 
 # -- what is read ----------------------------------------------------------------------------------
