@@ -31,6 +31,7 @@ STATIC = {
     "base": "engines.device:StaticBase",
     "ngram": "engines.ngram:NgramStatic",
     "draft_model": "engines.draft_model:DraftModelStatic",
+    "dflash_a": "engines.dflash:DFlashAStatic",
 }
 
 ALIASES = {
