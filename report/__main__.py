@@ -24,6 +24,7 @@ from harness.errors import ConfigError
 from harness.faults import Fault, guarded, name_path, os_error_line
 from harness.records import scan_records
 from report.document import Written, write
+from report.publish import meant_for
 from report.frames import build_frames
 from report.tables import arch_tables
 
@@ -52,6 +53,7 @@ def report(root: Path, strict: bool) -> int:
     try:
         written, left_out = _write(root)
     except OSError as e:  # a full disk, a folder gone mid-way: its path, and that nothing was half-replaced
+        e.filename = meant_for(e.filename, root)
         raise Fault(f"{os_error_line(e, 'cannot write the report')}; the previous report files are left whole") from None
     except MemoryError:
         raise Fault(f"the report over {root} ran out of memory; report fewer records at once (a subfolder), or on a "

@@ -70,6 +70,15 @@ def publish(folder: Path, root: Path) -> list[str]:
     return names
 
 
+def meant_for(path, root: Path):
+    """The file in `root` that a path inside one of its staging folders stands for (so an error
+    names where the file was going, not a folder that is gone by the time it is read); other
+    paths as they are."""
+    if path is None or PREFIX not in str(path):
+        return path
+    return str(root / Path(path).name)
+
+
 def _is_file(path: Path) -> bool:
     return path.is_symlink() or path.is_file()
 
