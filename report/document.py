@@ -37,6 +37,7 @@ def header(root: Path, records) -> str:
         f"- Software: mlx {env('mlx')}, mlx-lm {env('mlx_lm')}, Python {env('python')}, {env('platform')}",
         f"- Harness: git {git}; {len(records)} records, "
         f"{_distinct(records, lambda r: (r.get('started_at') or '')[:10])}",
+        *_code_lines(records),
         "",
         "## Protocol", "",
         f"- Prompts: suite {bench('suite')}, max_prompts {bench('max_prompts')}, per_category "
@@ -67,6 +68,30 @@ def header(root: Path, records) -> str:
         "reference) is timed the same way in the same cell: the speedup is then against that implementation.",
         "",
     ])
+
+
+def _code_lines(records) -> list[str]:
+    """Which code measured the records (harness/identity.py: the source hash, MLX and mlx-lm), and
+    which records ran each where they differ: a table that mixes code versions says so."""
+    groups: dict[str, list[str]] = {}
+    for _, rec in records:
+        groups.setdefault(_code(rec), []).append(rec["cell_id"])
+    if len(groups) == 1:
+        return [f"- Code: every record ran {next(iter(groups))}"]
+    lines = [f"- Code: the records ran {len(groups)} versions of the code; compare their numbers with care:"]
+    for code, cells in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        shown = ", ".join(sorted(cells)[:3]) + (f" and {len(cells) - 3} more" if len(cells) > 3 else "")
+        lines.append(f"  - {code}: {len(cells)} record(s) ({shown})")
+    return lines
+
+
+def _code(rec: dict) -> str:
+    code = (rec.get("inputs") or {}).get("code") if isinstance(rec.get("inputs"), dict) else None
+    git = _git(rec["env"].get("git") or {})
+    if not isinstance(code, dict):
+        return f"git {git} (made before records named their code)"
+    return (f"source {str(code.get('source_sha256'))[:12]} (git {git}), mlx {code.get('mlx')}, "
+            f"mlx-lm {code.get('mlx_lm')}")
 
 
 def _git(git: dict) -> str:

@@ -345,3 +345,18 @@ def test_a_sweep_with_a_bad_third_value_runs_nothing(tmp_path):
 def test_a_sweep_value_of_the_wrong_type_is_one_line(tmp_path):
     r = harness("-m", *TINY, "bench.context=0,abc", f"out_dir={tmp_path / 'out'}")
     assert "job 2 of 2" in (line := _one_line(r, 2)) and "bench.context" in line and "abc" in line
+
+
+def test_the_report_names_the_code_each_record_ran():
+    from report.document import _code_lines
+
+    def rec(cid, source):
+        code = {"source_sha256": source, "mlx": "0.32.4", "mlx_lm": "0.32.2"} if source else None
+        return (None, {"cell_id": cid, "env": {"git": {"sha": "abc123", "dirty": False}},
+                       **({"inputs": {"code": code}} if code else {})})
+
+    assert _code_lines([rec("a", "1" * 64), rec("b", "1" * 64)]) == [
+        "- Code: every record ran source 111111111111 (git abc123), mlx 0.32.4, mlx-lm 0.32.2"]
+    lines = _code_lines([rec("a", "1" * 64), rec("b", "2" * 64), rec("c", None)])
+    assert "3 versions of the code" in lines[0] and len(lines) == 4
+    assert any("made before records named their code" in ln and "(c)" in ln for ln in lines)
