@@ -360,3 +360,25 @@ def test_the_report_names_the_code_each_record_ran():
     lines = _code_lines([rec("a", "1" * 64), rec("b", "2" * 64), rec("c", None)])
     assert "3 versions of the code" in lines[0] and len(lines) == 4
     assert any("made before records named their code" in ln and "(c)" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("bound", [".nan", ".inf", "-.inf", "1e400", "abc", "[1]", "true", "null"])
+def test_fuzzing_a_gate_bound_gives_a_config_error_or_a_finite_bound(tmp_path, bound):
+    from hydra import compose as hcompose
+
+    from harness.preflight import Seen, check_gate
+
+    conf = _gate_dir(tmp_path, "gate:\n  name: tiny\n  checks:\n    - name: c\n      overrides: [arch=llama]\n"
+                               f"      min: {{speedup: {bound}}}\n")
+    register_configs()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        try:
+            cfg = hcompose(config_name="config", overrides=[f"hydra.searchpath=[file://{conf}]", "+gate=tiny"])
+            check_gate(cfg.gate, ["+gate=tiny", "bench=smoke"], hcompose, Seen())
+        except ConfigError as e:
+            assert "speedup" in str(e) or "min" in str(e), str(e)
+            return
+        except Exception as e:  # noqa: BLE001 -- Hydra refusing the type is the other acceptable answer
+            assert type(e).__module__.startswith(("hydra", "omegaconf")), repr(e)
+            return
+    assert math.isfinite(cfg.gate.checks[0].min["speedup"])
