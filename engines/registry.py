@@ -31,6 +31,7 @@ STATIC = {
     "base": "engines.device:StaticBase",
     "ngram": "engines.ngram:NgramStatic",
     "draft_model": "engines.draft_model:DraftModelStatic",
+    "eagle3": "engines.eagle3:Eagle3Static",
     "dflash_a": "engines.dflash:DFlashAStatic",
 }
 

@@ -19,6 +19,7 @@ it is filled anew at each reset, never replaced, so one compiled function serves
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -271,3 +272,96 @@ class StaticTarget:
     def arrays(self) -> list:
         """Every array of the state (for mx.eval barriers)."""
         return self.state.arrays
+
+
+# Tree verify over static caches (EAGLE-3's draft tree under execution=static): T tree tokens are
+# written at T consecutive slots from the position, each rotated at its depth's position and seeing
+# the context before the position and, of the tree's own slots, exactly its ancestors and itself.
+# After acceptance `StaticTree.keep_path` moves the accepted path's K/V to the slots after the
+# position, with the same shapes whatever was accepted.
+
+
+def tree_mask(cache: StaticKVCache, depths: mx.array, ancestors: mx.array, window: int | None = None) -> mx.array:
+    """[T, capacity] bool for T tree tokens written at the cache's position p: token i (at position
+    p + depths[i]) sees every slot before p (within `window` of its position, for a sliding layer) and,
+    of slots p..p+T-1, those ancestors[i] marks (ancestor-or-self, [T, T]); nothing past them."""
+    pos, n = cache.offset, depths.shape[0]
+    k = mx.arange(cache.capacity)[None]  # [1, C]
+    rel = k - pos
+    context = k < pos
+    if window is not None:
+        context = context & (pos + depths[:, None] - k < window)
+    own = mx.take(ancestors, mx.clip(rel[0], 0, n - 1), axis=1)  # [T, C]: column rel of ancestors
+    return mx.where((rel >= 0) & (rel < n), own, context)
+
+
+@contextmanager
+def static_tree_attention(model: nn.Module, depths: mx.array, ancestors: mx.array):
+    """Within the block a forward of the T tokens runs as a tree over static caches (tree_mask,
+    and engines/tree.py's per-token rope); depths [T] int32 and ancestors [T, T] may be traced arrays."""
+    import sys
+
+    from engines.patches import attention_mask, rope
+    from engines.tree import _TreeRope
+
+    attns = [layer.self_attn for layer in decoder(model).layers if hasattr(layer, "self_attn")]
+    module = sys.modules[type(decoder(model)).__module__]
+
+    def create_attention_mask(h, cache=None, window_size=None, return_array=False):
+        assert isinstance(cache, StaticKVCache), "a static tree forward runs over StaticKVCache layers only"
+        assert h.shape[1] == depths.shape[0], "tree forward with an unexpected length"
+        return tree_mask(cache, depths, ancestors, window_size or cache.window)
+
+    with rope(attns, lambda r: _TreeRope(r, depths)), attention_mask(module, lambda _: create_attention_mask):
+        yield
+
+
+class StaticTree:
+    """Tree forwards over a StaticTarget's caches, compiled over its state like its forward: one trace
+    per (T, capacity) for the forward, one per (path length, capacity) for keep_path (`traces`)."""
+
+    def __init__(self, target: StaticTarget):
+        self.target = target
+        self.traces = 0
+        arrays = target.state.arrays
+        self._forward = mx.compile(self._run, inputs=arrays, outputs=arrays)
+        self._keep = mx.compile(self._move, inputs=arrays, outputs=arrays)
+
+    def _run(self, ids: mx.array, depths: mx.array, ancestors: mx.array):
+        self.traces += 1  # runs only while mx.compile traces
+        from engines.hidden import capture_hidden
+
+        t = self.target
+        with static_tree_attention(t.model, depths, ancestors):
+            if not t.hidden_layers:
+                return t.model(ids[None], cache=t.state.caches)[0], mx.zeros((0,))
+            with capture_hidden(t.model, t.hidden_layers) as sink:
+                logits = t.model(ids[None], cache=t.state.caches)
+        return logits[0], mx.concatenate(sink, axis=-1)
+
+    def forward(self, tokens: mx.array, depths: mx.array, ancestors: mx.array):
+        """[root] + nodes, ids [T], at the position (root) and after it: depths [T] int32 (root 0),
+        ancestors [T, T] bool (ancestor-or-self); Forward(logits [T, V], hidden [1, T, n * H] or None)
+        in tree order. The position advances by T (keep_path then keeps the accepted path)."""
+        from engines.target import Forward
+
+        assert tokens.shape[0] == depths.shape[0] == ancestors.shape[0] == ancestors.shape[1], "tree shapes disagree"
+        self.target.fed_tokens += tokens.shape[0]
+        logits, hidden = self._forward(tokens, depths, ancestors)
+        return Forward(logits, hidden if self.target.hidden_layers else None)
+
+    def _move(self, start: mx.array, path: mx.array, n: mx.array):
+        self.traces += 1
+        for c in self.target.state.caches:
+            a = c.arrays
+            src = mx.clip(start + path, 0, c.capacity - 1)  # [L] the path's slots in tree order
+            at = mx.minimum(start, c.capacity - path.shape[0])[None]  # in bounds, as update_and_fetch writes
+            a["k"] = mx.slice_update(a["k"], mx.take(a["k"], src, axis=2), at, axes=(2,))
+            a["v"] = mx.slice_update(a["v"], mx.take(a["v"], src, axis=2), at, axes=(2,))
+            a["pos"] = start + n + 1
+
+    def keep_path(self, start: mx.array, path: mx.array, n: mx.array) -> None:
+        """After forward() at position `start` ([] int32): tree slots start + path[d] move to start + d
+        for every d of path [L] (tree indices, root first), and the position becomes start + n + 1
+        (n [] int32: the accepted nodes; the entries past them are masked and later overwritten)."""
+        self._keep(start, path, n)

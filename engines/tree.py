@@ -152,3 +152,27 @@ def accept_tree_greedy(tokens: list[int], parents: list[int], choices: list[int]
             return path, choices[here + 1]
         path.append(nxt)
         here = nxt
+
+
+def accept_tree_on_device(tokens: mx.array, parents: mx.array, choices: mx.array, depth: int) -> tuple[mx.array, mx.array]:
+    """accept_tree_greedy with fixed shapes and no host read, for a tree of [root] + N nodes.
+
+    tokens [N] node ids at tree indices 1..N; parents [N] the tree index of each node's parent (0 =
+    the root); choices [N + 1] the target's choice at each tree index; depth: the deepest node's.
+    Returns the outcome [1 + depth + 1] (n accepted, then the target's choices along the accepted
+    path: the first n + 1 are emitted, the accepted nodes' tokens and the bonus) and the path
+    [depth + 1] (tree indices: the root, then the accepted node at each depth; the root past n)."""
+    tokens, parents = tokens.astype(mx.int32), parents.astype(mx.int32)
+    choices = choices.astype(mx.int32)
+    agrees = tokens == mx.take(choices, parents)  # [N]: the node is its parent's choice
+    here = mx.array(0, dtype=mx.int32)
+    n = mx.zeros((1,), dtype=mx.int32)
+    path = [here[None]]
+    for _ in range(depth):  # the walk: the child of `here` that agrees (siblings carry distinct ids)
+        child = agrees & (parents == here)
+        found = mx.any(child)
+        here = mx.where(found, mx.argmax(child).astype(mx.int32) + 1, here)
+        n = n + found.astype(mx.int32)  # once a level has no agreeing child, none below has either
+        path.append(mx.where(found, here, 0)[None])
+    path = mx.concatenate(path)  # [depth + 1]
+    return mx.concatenate([n, mx.take(choices, path)]), path
