@@ -127,6 +127,8 @@ class Config:
     execution: str = "eager"  # eager: rounds built op by op, read each round (the reference); static: rounds
     #                           that stay on the device, static caches, compiled phases, read one round late
     reference: str = "base"  # the arm every method run is paired with (e.g. dflash_c to time dflash_a against it)
+    also_against: Optional[str] = None  # a second reference timed in the same reps (e.g. mlx_lm: what users run
+    #                                     today), its speedup reported beside the reference's; null = none
     out_dir: str = "results/default"
     force: bool = False  # re-run cells whose record already exists
     reuse_other_code: bool = False  # keep records measured by other code (another commit, MLX or mlx-lm version)
@@ -201,8 +203,13 @@ def validate(cfg) -> None:
     _one_of("execution", cfg.execution, EXECUTIONS)
     try:
         get_engine(cfg.reference)
+        if cfg.also_against is not None:
+            get_engine(cfg.also_against)
     except KeyError as e:
-        raise ConfigError(f"reference: {e.args[0]}") from None
+        raise ConfigError(f"reference / also_against: {e.args[0]}") from None
+    if cfg.also_against is not None and cfg.also_against in (cfg.reference, cfg.method.name):
+        raise ConfigError(f"also_against={cfg.also_against} is already an arm of the cell (method or reference); "
+                          "name another implementation, or leave it null")
     _check_dispatch(cfg.dispatch)
     if "block_size" in engine.knobs:
         check_block(cfg.method.block_size, cfg.bench.max_new_tokens)
@@ -320,6 +327,7 @@ def canonical_cell(cfg) -> dict:
         "rollback": cfg.rollback if method["name"] != "base" else None,
         "reference": cfg.reference if method["name"] != cfg.reference else None,
         **({"execution": cfg.execution} if cfg.execution != "eager" else {}),  # eager: ids as before the axis
+        **({"also_against": cfg.also_against} if cfg.also_against else {}),
     }
 
 

@@ -51,7 +51,7 @@ from harness.divergence import divergence, divergence_margin
 from harness.generation import Generation, first_token_ms, round_table, run_generation, timings
 from harness.heartbeat import HEARTBEAT
 from harness.prompts import Prompt, encode_turn
-from harness.summary import cell_summary, speedup_model
+from harness.summary import also_summary, cell_summary, speedup_model
 
 
 @dataclass
@@ -62,9 +62,10 @@ class Arms:
     block: int = 1  # tokens the method verifies per full round (K + 1)
     reference_is_base: bool = True  # False when paired against another method (the model's unit is base)
     rollback_auto: bool = False  # rollback=auto: switch both arms to the fastest measured strategy
+    also: Engine | None = None  # a second reference timed in the same reps (also_against: what users run)
 
     def engines(self) -> list[Engine]:
-        return [self.method] + ([self.base] if self.base else [])
+        return [self.method] + ([self.base] if self.base else []) + ([self.also] if self.also else [])
 
 
 def method_first(unit: int, rep: int) -> bool:
@@ -106,6 +107,7 @@ class CellRun:
         self.ctx = contexts.build(tokenizer, bench.context, bench.context_source, bench.chat_template)
         self.items: list[dict] = []
         self.reps_m, self.reps_b = [[] for _ in range(bench.reps)], [[] for _ in range(bench.reps)]
+        self.reps_a = [[] for _ in range(bench.reps)]  # the second reference's (arms.also), when there is one
         self.answers: dict[str, list[str]] = {}  # the reference's answers, for later turns of a prompt
         self.calibration, self.cell_context, self.prefix, self.warm = None, None, None, None
         self.warm_every = warmup_every_prompt(bench)
@@ -145,8 +147,8 @@ class CellRun:
             self.calibrate(ids, run)
         HEARTBEAT.start(f"the timed reps of {_where(prompt, turn)} (turn {u + 1}/{n_units})")
         with self.wall("timed_reps"), gc_paused():
-            gm, gb, order = _timed_reps(arms, run, u, bench)
-        for reps, gens in ((self.reps_m, gm), (self.reps_b, gb)):
+            gm, gb, ga, order = _timed_reps(arms, run, u, bench)
+        for reps, gens in ((self.reps_m, gm), (self.reps_b, gb), (self.reps_a, ga)):
             for r, g in enumerate(gens):
                 reps[r].append(g.tally())
         ref = gb[0] if arms.base else gm[0]
@@ -157,6 +159,8 @@ class CellRun:
             bprof = run(arms.base, profile=True) if prof and arms.base and arms.reference_is_base else None
         item = _prompt_item(prompt, turn, ids, gm, gb, prof)
         item["arm_order"] = order
+        if ga:
+            item["also"] = {**timings(ga), **divergence(ga[0].tokens, (gb or gm)[0].tokens)}
         if placed is not None:
             item.update(context_tokens=len(placed), context_sha256=contexts.ids_sha256(placed))
             self.cell_context = self.cell_context or contexts.describe(self.ctx, placed)
@@ -201,6 +205,8 @@ class CellRun:
         """The record's prompts, calibration, summary (with the speedup model), wall and context."""
         arms = self.arms
         summary = cell_summary(self.items, self.reps_m, self.reps_b if arms.base else None)
+        if arms.also:
+            summary["also"] = {"against": arms.also.name, **also_summary(self.items, self.reps_m, self.reps_a)}
         summary["verify_cost_ratio"] = self.calibration["verify_cost_ratio"]  # verify of a full block / one decode step
         summary["model"] = speedup_model(self.items, summary, self.calibration, arms.block,
                                          arms.method.incremental_verify, arms.method.verifies_full_block)
@@ -257,6 +263,8 @@ def _warm_up(arms: Arms, run, n: int) -> Generation | None:
         last = run(arms.method)
         if arms.base:
             run(arms.base)
+        if arms.also:
+            run(arms.also)
     return last
 
 
@@ -277,25 +285,36 @@ def gc_paused():
             gc.enable()
 
 
-def _timed_reps(arms: Arms, run, unit: int, bench) -> tuple[list[Generation], list[Generation], list[str]]:
-    # Per rep, both arms side by side in alternating order, the allocator's cache emptied before
-    # each so neither inherits the other's buffers. Order per rep: "mb" (method first) or "bm".
-    gm, gb, order = [], [], []
+def _timed_reps(arms: Arms, run, unit: int, bench) -> tuple[list[Generation], list[Generation], list[Generation],
+                                                           list[str]]:
+    # Per rep, every arm side by side, the allocator's cache emptied before each so none inherits
+    # another's buffers. Two arms alternate (AB BA ...: "mb" or "bm"); with a second reference the
+    # three rotate (mba bam amb ...), so each arm takes each place as often.
+    gens = {"m": [], "b": [], "a": []}
     keep = arms.base is not None and arms.base.scores  # the reference's own scores, for divergence margins
+    engines = {"m": arms.method, "b": arms.base, "a": arms.also}
+    order = []
     for r in range(bench.reps):
         if r and bench.cooldown_s:
             time.sleep(bench.cooldown_s)
-        first = method_first(unit, r) or arms.base is None
-        for arm in ("method", "base") if first else ("base", "method"):
-            if arm == "base" and arms.base is None:
-                continue
+        turn = arm_order(unit, r, arms)
+        for arm in turn:
             mx.clear_cache()
-            if arm == "method":
-                gm.append(run(arms.method))
-            else:
-                gb.append(run(arms.base, keep_scores=keep and r == 0))
-        order.append("mb" if first else "bm")
-    return gm, gb, order
+            gens[arm].append(run(engines[arm], keep_scores=keep and r == 0) if arm == "b" else run(engines[arm]))
+        order.append(turn)
+    return gens["m"], gens["b"], gens["a"], order
+
+
+def arm_order(unit: int, rep: int, arms: Arms) -> str:
+    """The arms of rep `rep` of prompt (turn) `unit` in the order they run: m(ethod), b(ase: the
+    reference), a(lso: the second reference)."""
+    if arms.base is None:
+        return "m"
+    if arms.also is None:
+        return "mb" if method_first(unit, rep) else "bm"
+    turn = "mba"
+    k = (unit + rep) % 3
+    return turn[k:] + turn[:k]
 
 
 def check_prompts(units, tokenizer, bench, block: int, context: int | None,

@@ -89,7 +89,7 @@ def run_cell(cfg) -> Path | None:
         raise CellAborted(str(e), EXIT_CODES["lock timeout"]) from None
     PROGRESS.measured_cell(cfg.method.name, time.perf_counter() - t0)  # waiting for the device excluded
     log(f"  -> {record['status']}: {_headline(record)}  [{path}]")
-    for key in ("engine", "reference_engine"):  # what an arm saw that makes its numbers suspect
+    for key in ("engine", "reference_engine", "also_engine"):  # what an arm saw that makes its numbers suspect
         for warning in (record.get(key) or {}).get("warnings") or []:
             log(f"  warning: {warning}")
     if record.get("wall"):
@@ -247,6 +247,8 @@ def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path, suite: list[dict]) 
             _unobserved_acceptance(record["summary"])
         if arms.base is not None and not arms.reference_is_base:  # what the ratio is against, what it cannot show
             record["reference_engine"] = arms.base.describe()
+        if arms.also is not None:
+            record["also_engine"] = arms.also.describe()
         record["status"] = "ok"
     except ConfigError:
         raise
@@ -329,12 +331,16 @@ def _build_arms(model, tokenizer, cfg) -> Arms:
         raise ConfigError(f"{e} (method.drafter={cfg.method.drafter})") from None
     block = getattr(method, "block", None) or (cfg.method.block_size if "block_size" in method.knobs else 1)
     ref_name = get_engine(cfg.reference).name
+    reference = also = None
     try:
         reference = None if method.name == ref_name else engine(cfg.reference, _method_cfg(cfg, cfg.reference))
+        also = engine(cfg.also_against, _method_cfg(cfg, cfg.also_against)) if cfg.also_against else None
     except BaseException:
-        method.close()  # an outside engine already started for the method stops here
+        for started in (method, reference):
+            if started is not None:
+                started.close()  # an outside engine already started stops here
         raise
-    return Arms(method, reference, block, reference_is_base=ref_name == "base", rollback_auto=auto)
+    return Arms(method, reference, block, reference_is_base=ref_name == "base", rollback_auto=auto, also=also)
 
 
 def _method_cfg(cfg, name: str):
@@ -376,5 +382,7 @@ def _headline(rec: dict) -> str:
     ref = rec["cell"].get("reference") or "base"
     model = (s.get("model") or {}).get("predicted_speedup")
     predicted = f" (model {model:.3f}x)" if model is not None and ref == "base" else ""
+    also = s.get("also")
+    versus = f"; vs {also['against']} {also['speedup']:.3f}x ({also['decode_tps']:.1f} tok/s)" if also else ""
     return (f"{s['decode_tps']:.1f} tok/s, {ref} {s['base_decode_tps']:.1f} tok/s, speedup {s['speedup']:.3f}x"
-            f"{predicted}, tau {tau}, diverged {s['diverged_prompts']}/{s['prompts']}")
+            f"{predicted}{versus}, tau {tau}, diverged {s['diverged_prompts']}/{s['prompts']}")

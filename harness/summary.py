@@ -103,6 +103,19 @@ def _paired(items: list[dict], reps_m: list[list[dict]], reps_b: list[list[dict]
     return out
 
 
+def also_summary(items: list[dict], reps_m: list[list[dict]], reps_a: list[list[dict]]) -> dict:
+    """The method against the second reference timed in the same reps (arms.also): its paired
+    speedup over reps and over prompts, its tok/s and whether its tokens left the reference's."""
+    tps_m, tps_a = [_tps(rep) for rep in reps_m], [_tps(rep) for rep in reps_a]
+    paired = stats.Paired(tps_m, tps_a).summary()
+    over = stats.geo_mean_interval([stats.geo_mean([m / a for m, a in zip(i["decode_tps"], i["also"]["decode_tps"],
+                                                                          strict=True)]) for i in items])
+    return {"decode_tps": paired["reference_tps_median"], "speedup": paired["speedup"],
+            "speedup_ci_low": paired["speedup_ci_low"], "speedup_ci_high": paired["speedup_ci_high"],
+            "speedup_prompts": over[0], "speedup_prompts_ci_low": over[1], "speedup_prompts_ci_high": over[2],
+            "diverged_prompts": sum(i["also"]["first_divergence"] is not None for i in items)}
+
+
 def _unpaired(out: dict) -> dict:
     # the method is its own reference: speedup 1 by definition, without an interval
     return {"base_decode_tps": out["decode_tps"], "base_sigma_pct": out["decode_sigma_pct"],

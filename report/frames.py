@@ -137,6 +137,8 @@ def _keys(rec: dict, labels: dict[str, tuple[str, str]]) -> dict:
         method += f" vs {cell['reference']}"  # paired against another method, not base
     if cell.get("dispatch"):  # set on the command line: cells that differ only in it must not look alike
         method += " [" + ", ".join(f"{k}={v}" for k, v in sorted(cell["dispatch"].items())) + "]"
+    if cell.get("execution") not in (None, "eager"):  # rounds that stay on the device (engines/device.py)
+        method += f" [{cell['execution']}]"
     if bench:
         method += f" ({bench})"
     return {"arch": arch, "method": method,
@@ -172,6 +174,8 @@ def cell_row(path, rec: dict, labels) -> dict:
            "cell_id": rec["cell_id"], "path": str(path)}
     row.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
     row["per_position_acceptance"] = summary.get("per_position_acceptance")
+    also = summary.get("also") if isinstance(summary.get("also"), dict) else {}
+    row.update({f"also_{k}": v for k, v in also.items() if not isinstance(v, (list, dict))})
     ceiling = rec.get("ceiling") or {}
     row.update({"weight_bytes": ceiling.get("weight_bytes"), "stream_gbs": ceiling.get("stream_gbs"),
                 "ceiling_tps": ceiling.get("tps")})

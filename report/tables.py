@@ -80,6 +80,11 @@ def cell_table(df: pd.DataFrame) -> str:
     headers = ["method", "block", "kv", "reference tok/s", "tok/s", "speedup [95% CI: reps]",
                "over prompts [95% CI]", "end-to-end [95% CI: reps]", "TTFT ms reference/method", "tau", "accept",
                "accept by position", "sigma% reference/method", "diverged"]
+    also = sorted(df["also_against"].dropna().unique()) if "also_against" in df else []
+    if also:  # a second reference timed in the same reps (also_against): its speedup beside the reference's
+        for row, r in zip(rows, _rows(_order(df))):
+            row.insert(6, _speedup(r, "also_speedup") if r["status"] == "ok" else "-")
+        headers.insert(6, f"vs {'/'.join(also)} [95% CI: reps]")
     return _md(rows, headers)
 
 
