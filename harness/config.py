@@ -160,6 +160,19 @@ def _one_of(what: str, value, valid) -> None:
         raise ConfigError(f"{what}={value!r} is not valid; use one of: {', '.join(map(str, valid))}")
 
 
+def arm_of(spec: str, execution: str, key: str = "reference") -> tuple[str, str]:
+    """(engine name, execution) of an arm named `spec`: a method name, or name:eager / name:static to
+    run it in another execution than the cell's (`execution`); ConfigError naming `key` otherwise."""
+    name, _, ex = str(spec).partition(":")
+    ex = ex or execution
+    if ex not in EXECUTIONS:
+        raise ConfigError(f"{key}={spec!r}: {ex!r} is not an execution; use {name}, {name}:eager or {name}:static")
+    try:
+        return get_engine(name).name, ex
+    except KeyError as e:
+        raise ConfigError(f"{key}: {e.args[0]}") from None
+
+
 def _check_outside(method, knobs) -> None:
     """An outside arm without what reaches it is a mistake, not an unsupported cell: a sweep
     that holds one must not end green."""
@@ -201,15 +214,13 @@ def validate(cfg) -> None:
     _one_of("kv.group_size", cfg.kv.group_size, (32, 64, 128))
     _one_of("rollback", cfg.rollback, ROLLBACKS)
     _one_of("execution", cfg.execution, EXECUTIONS)
-    try:
-        get_engine(cfg.reference)
-        if cfg.also_against is not None:
-            get_engine(cfg.also_against)
-    except KeyError as e:
-        raise ConfigError(f"reference / also_against: {e.args[0]}") from None
-    if cfg.also_against is not None and cfg.also_against in (cfg.reference, cfg.method.name):
-        raise ConfigError(f"also_against={cfg.also_against} is already an arm of the cell (method or reference); "
-                          "name another implementation, or leave it null")
+    method = (get_engine(cfg.method.name).name, cfg.execution)
+    reference = arm_of(cfg.reference, cfg.execution, "reference")
+    if cfg.also_against is not None:
+        also = arm_of(cfg.also_against, cfg.execution, "also_against")
+        if also in (reference, method):
+            raise ConfigError(f"also_against={cfg.also_against} is already an arm of the cell (the method or the "
+                              "reference); name another implementation, or leave it null")
     _check_dispatch(cfg.dispatch)
     if "block_size" in engine.knobs:
         check_block(cfg.method.block_size, cfg.bench.max_new_tokens)
@@ -325,7 +336,7 @@ def canonical_cell(cfg) -> dict:
         "kv": OmegaConf.to_container(cfg.kv, resolve=True) if cfg.kv.name in ("q8", "q4") else {"name": cfg.kv.name},
         "bench": _bench_cell(cfg.bench),
         "rollback": cfg.rollback if method["name"] != "base" else None,
-        "reference": cfg.reference if method["name"] != cfg.reference else None,
+        "reference": cfg.reference if (method["name"], cfg.execution) != arm_of(cfg.reference, cfg.execution) else None,
         **({"execution": cfg.execution} if cfg.execution != "eager" else {}),  # eager: ids as before the axis
         **({"also_against": cfg.also_against} if cfg.also_against else {}),
     }

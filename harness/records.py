@@ -25,8 +25,9 @@ def cell_id(cell: dict) -> str:
     digest = hashlib.sha256(json.dumps(cell, sort_keys=True).encode()).hexdigest()[:10]
     m = cell["method"]
     bs = f"-bs{m['block_size']}" if m.get("block_size") else ""
-    ref = f"__vs-{cell['reference']}" if cell.get("reference") not in (None, "base") else ""
-    return f"{cell['arch']['name']}__{m['name']}{bs}__kv-{cell['kv']['name']}{ref}__{digest}"
+    ref = f"__vs-{str(cell['reference']).replace(':', '-')}" if cell.get("reference") not in (None, "base") else ""
+    ex = f"__{cell['execution']}" if cell.get("execution") not in (None, "eager") else ""
+    return f"{cell['arch']['name']}__{m['name']}{bs}__kv-{cell['kv']['name']}{ex}{ref}__{digest}"
 
 
 def write_record(path: Path, record: dict) -> None:

@@ -25,7 +25,7 @@ from engines.errors import DrafterError, Unsupported
 from engines.hidden import text_model
 from engines.home import home
 from engines.registry import STATIC, get_engine
-from harness.config import canonical_cell, validate
+from harness.config import arm_of, canonical_cell, validate
 from harness.env import STREAM_PROBE, LoadMeter, blas_warning, environment, stream_rate
 from harness import blas
 from harness.context import source_file
@@ -124,7 +124,9 @@ def measured_inputs(cfg, ckpt: Path, suite: list[dict]) -> dict:
     """The record's `inputs` (harness/identity.py): suite, target, each arm's drafter, the
     context file, the code. A drafter that does not exist is left out (the cell records why)."""
     drafters = {}
-    arms = [("method", cfg.method.name)] + ([("reference", cfg.reference)] if cfg.reference != cfg.method.name else [])
+    arms = [("method", cfg.method.name), ("reference", arm_of(cfg.reference, cfg.execution)[0])]
+    if cfg.also_against:
+        arms.append(("also", arm_of(cfg.also_against, cfg.execution)[0]))
     for arm, name in arms:
         engine = get_engine(name)
         if "drafter" in engine.knobs:
@@ -223,7 +225,7 @@ def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path, suite: list[dict]) 
     t0 = time.perf_counter()
     arms = None
     try:
-        for name in (cfg.method.name, cfg.reference):
+        for name in (cfg.method.name, arm_of(cfg.reference, cfg.execution)[0]):
             _method_cfg(cfg, name)  # a drafter that does not exist is unsupported before the model loads
         t_load = time.perf_counter()
         model, tokenizer = load_target(ckpt, cfg.arch.dtype)
@@ -310,9 +312,11 @@ def _build_arms(model, tokenizer, cfg) -> Arms:
     auto = cfg.rollback == "auto"
     strategy = "capture" if auto else cfg.rollback  # auto: switched to the measured fastest before timing
 
-    def engine(name, method_cfg):
-        cls = get_engine(name, cfg.execution)
-        if cfg.execution == "static" and cls.execution != "static" and not cls.external:
+    def engine(spec):
+        name, execution = arm_of(spec, cfg.execution)
+        method_cfg = _method_cfg(cfg, name)
+        cls = get_engine(name, execution)
+        if execution == "static" and cls.execution != "static" and not cls.external:
             raise Unsupported(f"{cls.name} has no device-resident engine yet (execution=static covers "
                               f"{', '.join(sorted(STATIC))}); run it with execution=eager")
         if "drafter" in cls.knobs and cls.drafter_kind == "draft_model":
@@ -326,15 +330,16 @@ def _build_arms(model, tokenizer, cfg) -> Arms:
         return eng
 
     try:
-        method = engine(cfg.method.name, _method_cfg(cfg, cfg.method.name))
+        method = engine(cfg.method.name)
     except DrafterError as e:
         raise ConfigError(f"{e} (method.drafter={cfg.method.drafter})") from None
     block = getattr(method, "block", None) or (cfg.method.block_size if "block_size" in method.knobs else 1)
-    ref_name = get_engine(cfg.reference).name
+    ref_name, ref_execution = arm_of(cfg.reference, cfg.execution)
     reference = also = None
     try:
-        reference = None if method.name == ref_name else engine(cfg.reference, _method_cfg(cfg, cfg.reference))
-        also = engine(cfg.also_against, _method_cfg(cfg, cfg.also_against)) if cfg.also_against else None
+        same = (method.name, cfg.execution) == (ref_name, ref_execution)
+        reference = None if same else engine(cfg.reference)
+        also = engine(cfg.also_against) if cfg.also_against else None
     except BaseException:
         for started in (method, reference):
             if started is not None:
