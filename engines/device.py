@@ -27,20 +27,29 @@ import mlx.core as mx
 from engines.base import Engine
 from engines.errors import Unsupported
 from engines.sampling import accept_deterministic, accept_speculative
-from engines.static import StaticTarget, static_layout
+from engines.static import StaticKVCache, StaticState, StaticTarget, static_layout
 
 
 class DeviceEngine(Engine):
     """A method whose rounds stay on the device (module docstring). `block` is K + 1, the tokens a
-    round verifies, declared by the engine (the loop and calibration read it)."""
+    round verifies, declared by the engine (the loop and calibration read it).
+
+    `fuse` (set by whoever builds it; dispatch.fuse_rounds) compiles a whole round into one
+    function of the engine's state, so Python builds nothing per round but one call. Only a class
+    that declares `fusable` is fused: every array of its state must be an attribute of the engine
+    or live in a static cache it holds, or the compiled round would keep a stale copy as a constant
+    (tests/test_static.py checks a fused generation against a plain one, class by class)."""
 
     execution: ClassVar[str] = "static"
+    fusable: ClassVar[bool] = False
 
     def __init__(self, target: StaticTarget, cfg):
         super().__init__(target, cfg)
         self.block = 1
         self.pending = None  # [1] int32: the last emitted token, not yet fed to the target
         self.out_pos = None  # [] int32: the output position of the next round's first token
+        self.fuse = False
+        self._fused = None
 
     @classmethod
     def build(cls, model, cfg, kv: str = "native", **target_kw) -> "DeviceEngine":
@@ -60,6 +69,43 @@ class DeviceEngine(Engine):
 
     def round(self) -> mx.array:
         raise NotImplementedError
+
+    def next_round(self) -> mx.array:
+        """The loop's call: round(), or the same round compiled whole where `fuse` and `fusable`."""
+        if not (self.fuse and self.fusable):
+            return self.round()
+        if self._fused is None:
+            self._fused = mx.compile(self._traced_round)
+        outcome, state = self._fused(self._gather())
+        self._scatter(state)
+        return outcome
+
+    def _traced_round(self, state: dict):
+        self._scatter(state)
+        outcome = self.round()
+        return outcome, self._gather()
+
+    def _static_arrays(self) -> list[dict]:
+        # The arrays dicts of every static cache the engine holds (its targets' and drafters').
+        out = []
+        for v in vars(self).values():
+            if isinstance(v, StaticTarget):
+                out += v.state.arrays
+            elif isinstance(v, StaticState):
+                out += v.arrays
+            elif isinstance(v, StaticKVCache):
+                out.append(v.arrays)
+        return out
+
+    def _gather(self) -> dict:
+        return {"attrs": {k: v for k, v in vars(self).items() if isinstance(v, mx.array)},
+                "caches": [dict(d) for d in self._static_arrays()]}
+
+    def _scatter(self, state: dict) -> None:
+        for k, v in state["attrs"].items():
+            setattr(self, k, v)
+        for obj, d in zip(self._static_arrays(), state["caches"]):
+            obj.update(d)
 
     def verify_and_accept(self, drafts: mx.array, q: mx.array | None) -> tuple[mx.array, object]:
         """Verify [pending] + drafts [K] in one target forward and accept on the device; returns the
@@ -85,7 +131,7 @@ class DeviceEngine(Engine):
 
     def describe(self) -> dict:
         return {"execution": "static", "capacity": self.target.state.capacity, "traces": self.target.traces,
-                "cache_types": ["StaticKVCache"]}
+                "cache_types": ["StaticKVCache"], "fused_rounds": bool(self.fuse and self.fusable)}
 
 
 class StaticBase(DeviceEngine):
@@ -94,6 +140,7 @@ class StaticBase(DeviceEngine):
 
     name = "base"
     drafts = False
+    fusable = True
 
     def round(self) -> mx.array:
         logits, _ = self.target.forward(self.pending)  # [1, V]

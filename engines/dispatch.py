@@ -44,10 +44,11 @@ from engines.patches import attention_function
 
 
 def dispatch_defaults() -> dict:
-    """{stage_every, stable_attention, small_m_gemm} for the current device (see the module
-    docstring, and engines/gemm.py for the last)."""
+    """{stage_every, stable_attention, small_m_gemm, fuse_rounds} for the current device (see the
+    module docstring, engines/gemm.py for small_m_gemm, engines/device.py for fuse_rounds: off
+    until measured to pay on a device)."""
     cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
-    return {"stage_every": 0, "stable_attention": cuda, "small_m_gemm": cuda}
+    return {"stage_every": 0, "stable_attention": cuda, "small_m_gemm": cuda, "fuse_rounds": False}
 
 
 @contextmanager

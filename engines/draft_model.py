@@ -139,6 +139,7 @@ class DraftModelStatic(DeviceEngine):
     name = "draft_model"
     knobs = ("block_size", "drafter", "verify")
     drafter_kind = "draft_model"
+    fusable = True
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)

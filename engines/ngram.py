@@ -19,6 +19,7 @@ import mlx.core as mx
 
 from engines.base import Draft, Engine
 from engines.device import DeviceEngine
+from engines.static import capacity_for
 
 
 class NgramIndex:
@@ -101,6 +102,7 @@ class NgramStatic(DeviceEngine):
 
     name = "ngram"
     knobs = ("block_size", "min_ngram", "max_ngram", "verify")
+    fusable = True
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
@@ -109,7 +111,8 @@ class NgramStatic(DeviceEngine):
 
     def start(self, prompt, max_new_tokens):
         first = super().start(prompt, max_new_tokens)
-        size = len(prompt) + max_new_tokens + 3 * self.block  # every token a read round can write, and one more round
+        # every token a read round can write, and one more round; bucketed, so its shape repeats across prompts
+        size = capacity_for(len(prompt) + max_new_tokens + 3 * self.block)
         self.history = mx.concatenate([mx.array(prompt, dtype=mx.int32), first,
                                        mx.zeros((size - len(prompt) - 1,), dtype=mx.int32)])
         self.length = mx.array(len(prompt) + 1, dtype=mx.int32)

@@ -100,6 +100,7 @@ class DispatchConfig:
     #                                          so cuDNN plans per bucket, not per round (default: on under CUDA)
     small_m_gemm: Optional[bool] = None  # matmuls over 2-16 rows on the harness's tensor-core kernel
     #                                      (engines/gemm.py; CUDA only; default: on under CUDA)
+    fuse_rounds: Optional[bool] = None  # execution=static: compile each round whole (engines/device.py)
 
 
 @dataclass

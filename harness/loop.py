@@ -135,7 +135,7 @@ def _on_device(engine, prompt: list[int], max_new_tokens: int, stop_tokens: froz
     t0 = time.perf_counter()
     with mx.stream(STREAM):
         first = engine.start(prompt, max_new_tokens)
-        ahead = engine.round() if max_new_tokens > 1 else None
+        ahead = engine.next_round() if max_new_tokens > 1 else None
     mx.async_eval(first, *([ahead] if ahead is not None else []))
     token = first.item()
     t1 = time.perf_counter()
@@ -144,7 +144,7 @@ def _on_device(engine, prompt: list[int], max_new_tokens: int, stop_tokens: froz
     while produced < max_new_tokens and token not in stop_tokens:
         outcome = ahead
         with mx.stream(STREAM):
-            ahead = engine.round()
+            ahead = engine.next_round()
         mx.async_eval(ahead)
         values = outcome.tolist()  # the round's one host read, made after the next round is queued
         n = values[0]

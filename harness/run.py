@@ -22,6 +22,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from engines.errors import DrafterError, Unsupported
+from engines.dispatch import dispatch_defaults
 from engines.hidden import text_model
 from engines.home import home
 from engines.registry import STATIC, get_engine
@@ -327,6 +328,9 @@ def _build_arms(model, tokenizer, cfg) -> Arms:
                         small_m_gemm=cfg.dispatch.small_m_gemm)
         if eng.external:
             eng.tokenizer = tokenizer  # reference APIs take one (for stop tokens); ids still go in and out
+        if eng.execution == "static":
+            fuse = cfg.dispatch.fuse_rounds
+            eng.fuse = dispatch_defaults()["fuse_rounds"] if fuse is None else fuse
         return eng
 
     try:

@@ -160,3 +160,18 @@ def test_static_and_eager_caches_of_one_model_are_independent(models):
     t = StaticTarget(model, static_layout(model))
     t.prefill([1, 2, 3], 8)
     assert all(c.offset == 0 for c in eager_cache)
+
+
+@pytest.mark.parametrize("method", ["base", "ngram", "draft_model"])
+def test_a_round_compiled_whole_gives_the_rounds_of_the_plain_one(models, method):
+    model, _ = models["llama"]
+    plain = get_engine(method, "static").build(model, _cfg(method))
+    fused = get_engine(method, "static").build(model, _cfg(method))
+    fused.fuse = True
+    assert fused.fusable and fused.describe()["fused_rounds"]
+    for prompt in PROMPTS[:2]:
+        a, b = _run(plain, prompt, n=24), _run(fused, prompt, n=24)
+        assert a.tokens == b.tokens and [r.accepted for r in a.rounds] == [r.accepted for r in b.rounds]
+    traces = fused.target.traces
+    _run(fused, PROMPTS[2], n=24)
+    assert fused.target.traces == traces  # the whole round traced once, like its parts
