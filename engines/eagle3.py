@@ -757,8 +757,13 @@ class Eagle3Static(DeviceEngine):
 
     @property
     def reach(self) -> int:
-        """The most drafts a round can accept (for a tree its depth; block - 1 counts its nodes)."""
+        """The most drafts a round can accept: `depth` (a tree's block - 1 counts its nodes)."""
         return self.depth
+
+    @property
+    def tree_size(self) -> int:
+        """Nodes a round verifies besides the pending token in tree mode; 0 for a chain (as Round's)."""
+        return self.size if self.tree_mode else 0
 
     def _embed(self, ids: mx.array) -> mx.array:
         return self.drafter.embed_tokens(ids) if "embed_tokens" in self.drafter else embed(self.target.model, ids)
