@@ -42,8 +42,10 @@ VERIFY_SIZES = (1, 2, 4, 8, 16)
 
 def arms(model) -> dict:
     cfg = MethodConfig(name="base")
+    fused = StaticBase.build(model, cfg)
+    fused.fuse = True
     return {"mlx_lm": MlxLm.build(model, MethodConfig(name="mlx_lm")), "eager": Autoregressive.build(model, cfg),
-            "static": StaticBase.build(model, cfg)}
+            "static": StaticBase.build(model, cfg), "static_fused": fused}
 
 
 def decode_rates(engines: dict, prompt: list[int], tokens: int, reps: int) -> dict:
@@ -62,6 +64,7 @@ def decode_rates(engines: dict, prompt: list[int], tokens: int, reps: int) -> di
     return {"tps": {k: round(statistics.median(v), 2) for k, v in rates.items()},
             "ms_per_token": {k: round(1e3 / statistics.median(v), 3) for k, v in rates.items()},
             "static_over_mlx_lm": round(statistics.median(s / m for s, m in zip(rates["static"], rates["mlx_lm"])), 3),
+            "fused_over_mlx_lm": round(statistics.median(s / m for s, m in zip(rates["static_fused"], rates["mlx_lm"])), 3),
             "eager_over_mlx_lm": round(statistics.median(e / m for e, m in zip(rates["eager"], rates["mlx_lm"])), 3),
             "same_tokens": same}
 
@@ -114,7 +117,9 @@ def round_costs(model, prompt: list[int], tokens: int, reps: int, drafter: Path)
                              MethodConfig(name="draft_model", block_size=4, drafter=str(drafter)))}
     out = {}
     for name, (eager_cls, static_cls, cfg) in kinds.items():
-        engines = {"eager": eager_cls.build(model, cfg), "static": static_cls.build(model, cfg)}
+        engines = {"eager": eager_cls.build(model, cfg), "static": static_cls.build(model, cfg),
+                   "static_fused": static_cls.build(model, cfg)}
+        engines["static_fused"].fuse = True
         ms = {k: [] for k in engines}
         for eng in engines.values():
             run_generation(eng, prompt, tokens, sampler)  # warm-up
