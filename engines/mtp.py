@@ -40,9 +40,11 @@ from mlx_lm.models.cache import KVCache
 from engines.base import Draft, Engine
 from engines.cache import trim_attention
 from engines.checkpoint import check_tensors, float_drafter, load_safetensors, quantize_like, read_json
+from engines.device import DeviceEngine
 from engines.errors import DrafterError, Unsupported
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, decoder, embed, final_norm, lm_head, num_layers, text_model
+from engines.static import StaticState, attention_shape, capacity_for
 
 NORMS = ("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight",
          "layers.0.input_layernorm.weight", "layers.0.post_attention_layernorm.weight",
@@ -222,3 +224,96 @@ class MTP(Engine):
 
     def describe(self):
         return {**super().describe(), "k": self.k}
+
+
+class MTPStatic(DeviceEngine):
+    """MTP in a round that stays on the device (engines/device.py), on dense targets (a Qwen3.5 /
+    Qwen3-Next target keeps DeltaNet caches, which have no static form).
+
+    The head's layer keeps its K/V in a StaticKVCache at a device position: the positions whose
+    target hidden states it has seen. Each round's first pass always covers the K + 1 positions of
+    the previous verify (fixed shape): pairs (target hidden at tp + i, the token emitted at
+    tp + i + 1), of which the first `kept` = n + 1 are real. The position then moves by `kept`, the
+    first draft is read from the pass's output at row kept - 1 (mx.take with a device index), and
+    K - 1 chained steps draft the rest; their entries are dropped again by moving the position back
+    (they were built on the head's own states). Both phases are compiled, one trace per shape."""
+
+    name = "mtp"
+    knobs = ("block_size", "drafter", "verify")
+    drafter_kind = "mtp"
+
+    @classmethod
+    def hidden_layers(cls, cfg, model):
+        return MTP.hidden_layers(cfg, model)
+
+    def __init__(self, target, cfg):
+        super().__init__(target, cfg)
+        self.k = cfg.block_size - 1
+        if self.k < 1:
+            raise Unsupported(f"mtp needs method.block_size >= 2 (one draft or more); got {cfg.block_size}")
+        self.block = self.k + 1
+        self.head = load_mtp(Path(cfg.drafter), target.model)
+        self._check_hidden_layers(self.hidden_layers(cfg, target.model))
+        self.mstate = StaticState([attention_shape(self.head.layers[0])], activation_dtype(target.model))
+        self.drafter_traces = 0  # compiled traces of the first pass and the chained step: one per shape each
+        self._first = mx.compile(self._first_pass, inputs=self.mstate.arrays, outputs=self.mstate.arrays)
+        self._chain = mx.compile(self._chain_step, inputs=self.mstate.arrays, outputs=self.mstate.arrays)
+
+    def start(self, prompt, max_new_tokens):
+        # DeviceEngine.start, keeping the prompt's hidden states: the head's first pass over the prompt.
+        fwd = self.target.prefill(prompt, max_new_tokens + 2 * self.block)
+        self.pending = self.sampler.choose(fwd.logits[None], 0).astype(mx.int32)  # [1]
+        self.out_pos = mx.array(1, dtype=mx.int32)
+        self.mstate.reset(capacity_for(len(prompt) + max_new_tokens + 4 * self.block))
+        p, hidden = len(prompt), fwd.hidden  # [1, P, H] raw last-layer outputs
+        if p > 1:  # every prompt pair but the last, eagerly (P varies per prompt); its output is not read
+            ids = mx.array(prompt[1:], dtype=mx.int32)[None]  # [1, P-1]: the token after each position
+            self.head(embed(self.target.model, ids), final_norm(self.target.model, hidden[:, :-1]),
+                      self.mstate.caches[0])
+        # The last prompt position (paired with the first token) is the first round's one real row.
+        pad = self.block - 1
+        self.context = mx.concatenate([hidden[:, -1:], mx.zeros((1, pad, hidden.shape[-1]), hidden.dtype)], axis=1)
+        self.next_tokens = mx.concatenate([self.pending, mx.zeros((pad,), dtype=mx.int32)])  # [K+1]
+        self.kept = mx.array(1, dtype=mx.int32)
+        return self.pending
+
+    def _first_pass(self, tokens: mx.array, hidden: mx.array, kept: mx.array):
+        # tokens [K+1] (the token after each position), hidden [1, K+1, H] of the last verify (first
+        # `kept` real) -> logits [1, V] of the first draft and the head's state there [1, 1, H].
+        self.drafter_traces += 1  # runs only while mx.compile traces
+        model, start = self.target.model, self.mstate.position
+        out = self.head(embed(model, tokens[None]), final_norm(model, hidden), self.mstate.caches[0])  # [1, K+1, H]
+        h = mx.take(out, (kept - 1)[None], axis=1)  # [1, 1, H] at the last real row
+        self.mstate.set_position(start + kept)  # the rows past it were not real: masked, then overwritten
+        return lm_head(model, h[0]), h
+
+    def _chain_step(self, token: mx.array, h: mx.array):
+        # token [1], h [1, 1, H]: the head's own last state and draft -> logits [1, V], state [1, 1, H].
+        self.drafter_traces += 1
+        out = self.head(embed(self.target.model, token[None]), h, self.mstate.caches[0])
+        return lm_head(self.target.model, out[0]), out
+
+    def round(self):
+        logits, h = self._first(self.next_tokens, self.context, self.kept)
+        seen = self.mstate.position  # where the next first pass writes
+        tokens, qs = [], []
+        for i in range(self.k):
+            if i:
+                logits, h = self._chain(tokens[-1], h)
+            t, q = self.sampler.propose(logits, self.out_pos + i)  # [1] id on the device
+            tokens.append(t.astype(mx.int32))
+            qs.append(q)
+        self.mstate.set_position(seen)  # the chained entries were built on the head's own states
+        outcome, fwd = self.verify_and_accept(mx.concatenate(tokens), mx.concatenate(qs) if qs[0] is not None else None)
+        # The next first pass: (hidden at tp + i, the token emitted at tp + i + 1), the first n + 1 real.
+        self.context, self.next_tokens, self.kept = fwd.hidden, outcome[1:], outcome[0] + 1
+        return outcome
+
+    def caches(self):
+        return [*super().caches(), *self.mstate.caches]
+
+    def state(self):
+        return [*super().state(), self.mstate.arrays, self.context, self.next_tokens, self.kept]
+
+    def describe(self):
+        return {**super().describe(), "k": self.k, "drafter_traces": self.drafter_traces}

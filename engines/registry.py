@@ -33,6 +33,7 @@ STATIC = {
     "draft_model": "engines.draft_model:DraftModelStatic",
     "eagle3": "engines.eagle3:Eagle3Static",
     "dflash_a": "engines.dflash:DFlashAStatic",
+    "mtp": "engines.mtp:MTPStatic",
 }
 
 ALIASES = {

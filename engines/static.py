@@ -274,6 +274,14 @@ class StaticTarget:
         return self.state.arrays
 
 
+def attention_shape(layer: nn.Module, window: int | None = None) -> Shape:
+    """The static-cache Shape of one decoder layer of an mlx-lm model (a drafter's layer of the
+    target's class, e.g. an MTP head's), as static_layout sizes the target's."""
+    attn = _attention(layer)
+    assert attn is not None, f"{type(layer).__name__} has no attention module with k_proj to size a static cache from"
+    return Shape(_kv_heads(attn), _head_dim(attn), window)
+
+
 # Tree verify over static caches (EAGLE-3's draft tree under execution=static): T tree tokens are
 # written at T consecutive slots from the position, each rotated at its depth's position and seeing
 # the context before the position and, of the tree's own slots, exactly its ancestors and itself.
