@@ -87,11 +87,11 @@ def _round_under_compile(engine):
                                                                 engine.fed, engine.n)
 
 
-@pytest.mark.parametrize("shape", [CHAIN, TREE])
-def test_a_round_never_reads_the_host(models, shape):
+@pytest.mark.parametrize("shape,temperature", [(CHAIN, 0.0), (TREE, 0.0), (TREE, 1.0)])  # the last: a sampled chain
+def test_a_round_never_reads_the_host(models, shape, temperature):
     model, _ = models["llama"]
     engine = _static(model, "llama", shape)
-    engine.sampler = Sampler(0.0, 0)
+    engine.sampler = Sampler(temperature, 0)
     mx.eval(engine.start(PROMPTS[0], 20), engine.state())
     assert _round_under_compile(engine).shape == (1 + shape[0] + 1,)  # [n, depth + 1 tokens]
     cls = type(engine)
