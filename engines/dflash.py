@@ -501,6 +501,7 @@ class DFlashAStatic(DeviceEngine):
     name = "dflash_a"
     knobs = ("block_size", "drafter", "verify")
     drafter_kind = "dflash"
+    fusable = True  # its state: engine attributes and a StaticState (DeviceEngine.next_round)
 
     @classmethod
     def hidden_layers(cls, cfg, model):

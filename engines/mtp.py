@@ -241,6 +241,7 @@ class MTPStatic(DeviceEngine):
     name = "mtp"
     knobs = ("block_size", "drafter", "verify")
     drafter_kind = "mtp"
+    fusable = True  # its state: engine attributes and a StaticState (DeviceEngine.next_round)
 
     @classmethod
     def hidden_layers(cls, cfg, model):

@@ -134,3 +134,13 @@ def test_sampled_static_dflash_a_equals_the_eager_engine_sample_for_sample(model
         assert got.tokens == ref.tokens
         accepted += sum(r.accepted for r in got.rounds)
     assert accepted > 0
+
+
+def test_a_round_compiled_whole_gives_the_rounds_of_the_plain_one(models):
+    model, tok = models["llama"]
+    plain, fused = DFlashAStatic.build(model, _cfg("llama")), DFlashAStatic.build(model, _cfg("llama"))
+    fused.fuse = True
+    assert fused.describe()["fused_rounds"]
+    for prompt in _prompts(tok, 2):
+        a, b = _run(plain, prompt), _run(fused, prompt)
+        assert a.tokens == b.tokens and [r.accepted for r in a.rounds] == [r.accepted for r in b.rounds]

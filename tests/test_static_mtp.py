@@ -150,3 +150,13 @@ def test_targets_without_a_static_mtp_form_are_unsupported(models):
         MTPStatic.build(models["gemma4"][0], _cfg())
     with pytest.raises(Unsupported, match="block_size >= 2"):
         MTPStatic.build(models["llama"][0], _cfg(1))
+
+
+def test_a_round_compiled_whole_gives_the_rounds_of_the_plain_one(models):
+    model, tok = models["llama"]
+    plain, fused = MTPStatic.build(model, _cfg()), MTPStatic.build(model, _cfg())
+    fused.fuse = True
+    assert fused.describe()["fused_rounds"]
+    for prompt in _prompts(tok, 2):
+        a, b = _run(plain, prompt), _run(fused, prompt)
+        assert a.tokens == b.tokens and [r.accepted for r in a.rounds] == [r.accepted for r in b.rounds]
