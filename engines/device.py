@@ -67,6 +67,16 @@ class DeviceEngine(Engine):
         self.out_pos = mx.array(1, dtype=mx.int32)
         return self.pending
 
+    @property
+    def reach(self) -> int:
+        """The most drafts a round can accept: K for a chain, the depth for a tree (the record's `drafted`)."""
+        return self.block - 1
+
+    @property
+    def tree_size(self) -> int:
+        """Nodes a tree round verifies besides the pending token; 0 for a chain."""
+        return 0
+
     def round(self) -> mx.array:
         raise NotImplementedError
 

@@ -153,7 +153,7 @@ def _on_device(engine, prompt: list[int], max_new_tokens: int, stop_tokens: froz
         if stops:
             emitted = emitted[: stops[0] + 1]
         t2 = time.perf_counter()
-        yield Round(engine.block - 1, n, emitted, t2 - t1, None, reads=1, ahead=True)
+        yield Round(engine.reach, n, emitted, t2 - t1, None, tree_size=engine.tree_size, reads=1, ahead=True)
         t1 = t2
         produced += len(emitted)
         token = emitted[-1]
