@@ -485,7 +485,16 @@ class Eagle3(Engine):
         return self.drafter.step(e, self.drafter.fuse(feats), self.dcache, start)[:, -1:]
 
     def prepare(self, history):
-        # The prompt's commit pass (every prompt position into the drafter cache) before the first draft.
+        # The prompt's commit pass (every prompt position into the drafter cache) before the first draft;
+        # its part over a restored prefix (bench.context) restored too, so only the rest is fed.
+        prefix = self.target.prefix
+        if prefix is not None and prefix.covers(history[:-1]):
+            n = len(prefix.prefix)
+            feats = self.features[0] if len(self.features) == 1 else mx.concatenate(self.features, axis=1)
+            self.features = [feats[:, : n - 1]]  # pairs (feature t, token t + 1) inside the prefix: t < n - 1
+            key = ("eagle3", id(self.drafter), self.target.kv, self.target.strategy)
+            prefix.drafter_prefix(key, self.dcache, lambda: self._commit_pass(history[:n]))
+            self.features = [feats[:, n - 1:]]
         self._prepared = self._commit_pass(history)
         return self._prepared
 

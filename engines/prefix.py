@@ -32,8 +32,10 @@ class PrefixCache:
         self.prefix = [int(t) for t in prefix]
         self._ids = mx.array(self.prefix, dtype=mx.int32)
         self.snapshots: dict[tuple, tuple[list, mx.array | None]] = {}
+        self.drafters: dict[tuple, list] = {}  # a drafter's cache states after its pass over the prefix
         self.fed = 0  # times the prefix was fed (once per configuration)
         self.restored = 0  # times a snapshot was restored
+        self.drafter_fed = self.drafter_restored = 0
 
     def covers(self, ids) -> bool:
         """Whether `ids` (a list or a [T] array) start with the prefix and go on past it (the rest
@@ -61,9 +63,30 @@ class PrefixCache:
         self.restored += 1
         return hidden
 
+    def drafter_prefix(self, key: tuple, caches: list, fill) -> None:
+        """Leave a drafter's fresh `caches` holding its pass over the prefix: restored from the snapshot
+        kept under `key` (the drafter and what it was fed from), or made by fill() -- the drafter's own
+        pass over the prefix positions alone -- and kept, the first time. A drafter that conditions on
+        the target's states of the prefix then pays that pass once per cell, as the target its prefill;
+        the rest of the prompt is its engine's to feed, so a restore gives the same state as the first
+        pass, bit for bit."""
+        if key in self.drafters:
+            for c, (state, meta) in zip(caches, self.drafters[key]):
+                c.state = _copy(state)
+                if meta is not None:
+                    c.meta_state = meta
+            self.drafter_restored += 1
+            return
+        fill()
+        mx.eval([c.state for c in caches])
+        # a rotating cache's layout (offset, write index) is its meta_state; a plain KVCache has none
+        self.drafters[key] = [(_copy(c.state), c.meta_state if hasattr(type(c), "meta_state") else None)
+                              for c in caches]
+        self.drafter_fed += 1
+
     def nbytes(self) -> int:
         total = 0
-        for states, hidden in self.snapshots.values():
+        for states, hidden in [*self.snapshots.values(), *((s, None) for s in self.drafters.values())]:
             stack = [states, hidden]
             while stack:
                 x = stack.pop()

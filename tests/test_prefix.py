@@ -85,3 +85,34 @@ def test_every_drafting_method_with_a_context_stays_lossless_and_restores_its_pr
         reuse = rec["context"]["prefix_reuse"]
         assert reuse["restored"] > 0 and reuse["tokens"] > 300, (rec["cell_id"], reuse)
         assert rec["calibration"]["context_scaling"].get("skipped")
+
+
+def test_eagle3s_pass_over_a_restored_prefix_is_made_once_and_restored_after(models):
+    # issue 51: with bench.context, the drafter's pass over the context was redone every generation
+    from harness.models.fixtures import drafter_dir
+    from tests.conftest import engine_cfg
+
+    from engines.eagle3 import Eagle3
+    from engines.sampling import Sampler
+    from harness.generation import run_generation
+
+    model, _ = models["llama"]
+    cfg = engine_cfg(name="eagle3", drafter=str(drafter_dir("eagle3", "llama")), depth=3, top_k=2, total_tokens=6)
+    prefix = _prompt(100, 0)
+    engine = Eagle3.build(model, cfg)
+    engine.use_prefix(PrefixCache(prefix))
+    base = base_engine(model)
+    sampler = Sampler(0.0, 0)
+    for tail in (1, 2, 1):
+        prompt = prefix + _prompt(7, tail)
+        assert run_generation(engine, prompt, 16, sampler).tokens == generate_ids(base, prompt, 16).tokens
+    p = engine.target.prefix
+    assert (p.drafter_fed, p.drafter_restored) == (1, 2)
+    again = Eagle3.build(model, cfg)  # the state the first pass left equals the state restored
+    again.use_prefix(PrefixCache(prefix))
+    again.prefill(prefix + _prompt(7, 1))
+    again.prepare(prefix + _prompt(7, 1) + [0])
+    engine.prefill(prefix + _prompt(7, 1))
+    engine.prepare(prefix + _prompt(7, 1) + [0])
+    for a, b in zip(engine.dcache, again.dcache):
+        assert a.offset == b.offset == 107 and mx.array_equal(a.state[0], b.state[0])
