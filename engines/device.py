@@ -49,7 +49,7 @@ class DeviceEngine(Engine):
         self.pending = None  # [1] int32: the last emitted token, not yet fed to the target
         self.out_pos = None  # [] int32: the output position of the next round's first token
         self.fuse = False
-        self._fused = None
+        self._fused: dict = {}  # (temperature, seed) -> (the compiled round, tokens it feeds each static target)
 
     @classmethod
     def build(cls, model, cfg, kv: str = "native", **target_kw) -> "DeviceEngine":
@@ -81,19 +81,32 @@ class DeviceEngine(Engine):
         raise NotImplementedError
 
     def next_round(self) -> mx.array:
-        """The loop's call: round(), or the same round compiled whole where `fuse` and `fusable`."""
+        """The loop's call: round(), or the same round compiled whole where `fuse` and `fusable`. The
+        sampler's temperature and seed are constants of a traced round: one compiled round per sampler."""
         if not (self.fuse and self.fusable):
             return self.round()
-        if self._fused is None:
-            self._fused = mx.compile(self._traced_round)
-        outcome, state = self._fused(self._gather())
+        key = (self.sampler.temperature, self.sampler.seed)
+        if key not in self._fused:
+            self._fused[key] = (mx.compile(self._traced_round), {})
+        fused, fed = self._fused[key]
+        outcome, state = fused(self._gather())
         self._scatter(state)
+        for t in self._static_targets():  # Python that counted tokens ran only while tracing
+            t.fed_tokens += fed.get(id(t), 0)
         return outcome
 
     def _traced_round(self, state: dict):
         self._scatter(state)
+        before = {id(t): t.fed_tokens for t in self._static_targets()}
         outcome = self.round()
+        fed = self._fused[(self.sampler.temperature, self.sampler.seed)][1]
+        for t in self._static_targets():
+            fed[id(t)] = t.fed_tokens - before[id(t)]
+            t.fed_tokens = before[id(t)]  # next_round adds them, on this call as on every replay
         return outcome, self._gather()
+
+    def _static_targets(self) -> list[StaticTarget]:
+        return [v for v in vars(self).values() if isinstance(v, StaticTarget)]
 
     def _static_arrays(self) -> list[dict]:
         # The arrays dicts of every static cache the engine holds (its targets' and drafters').
