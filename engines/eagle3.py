@@ -59,6 +59,7 @@ from engines.dispatch import pad_keys
 from engines.errors import DrafterError
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, embed, hidden_size, lm_head, num_layers, vocab_size
+from engines.prefix import prefix_pass
 from engines.static import Shape, StaticState, StaticTree, capacity_for
 from engines.target import PREFILL_CHUNK
 from engines.tree import accept_tree_on_device
@@ -487,14 +488,13 @@ class Eagle3(Engine):
     def prepare(self, history):
         # The prompt's commit pass (every prompt position into the drafter cache) before the first draft;
         # its part over a restored prefix (bench.context) restored too, so only the rest is fed.
-        prefix = self.target.prefix
-        if prefix is not None and prefix.covers(history[:-1]):
-            n = len(prefix.prefix)
-            feats = self.features[0] if len(self.features) == 1 else mx.concatenate(self.features, axis=1)
-            self.features = [feats[:, : n - 1]]  # pairs (feature t, token t + 1) inside the prefix: t < n - 1
-            key = ("eagle3", id(self.drafter), self.target.kv, self.target.strategy)
-            prefix.drafter_prefix(key, self.dcache, lambda: self._commit_pass(history[:n]))
-            self.features = [feats[:, n - 1:]]
+        def over(feats, ids):
+            self.features = [feats]
+            self._commit_pass(ids)
+
+        feats = self.features[0] if len(self.features) == 1 else mx.concatenate(self.features, axis=1)
+        key = ("eagle3", id(self.drafter), self.target.kv, self.target.strategy)
+        self.features = [prefix_pass(self.target.prefix, history, feats, key, self.dcache, over)]
         self._prepared = self._commit_pass(history)
         return self._prepared
 

@@ -44,6 +44,7 @@ from engines.device import DeviceEngine
 from engines.errors import DrafterError, Unsupported
 from engines.gemm import small_m_linears
 from engines.hidden import activation_dtype, decoder, embed, final_norm, lm_head, num_layers, text_model
+from engines.prefix import prefix_pass
 from engines.static import StaticState, attention_shape, capacity_for
 
 NORMS = ("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight",
@@ -169,7 +170,15 @@ class MTP(Engine):
         return logits
 
     def prepare(self, history):
-        # MTP's first pass over every prompt position before the first draft.
+        # MTP's first pass over every prompt position before the first draft; its part over a restored
+        # prefix (bench.context) restored too, so only the rest is fed.
+        def over(hidden, ids):
+            self.hidden = [hidden]
+            self._first_pass(ids)
+
+        hidden = self.hidden[0] if len(self.hidden) == 1 else mx.concatenate(self.hidden, axis=1)
+        key = ("mtp", id(self.head), self.target.kv, self.target.strategy)
+        self.hidden = [prefix_pass(self.target.prefix, history, hidden, key, [self.cache], over)]
         self._prepared = self._first_pass(history)
         return self._prepared
 

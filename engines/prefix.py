@@ -108,3 +108,17 @@ class PrefixStore:
         if self.current is None or self.current.prefix != [int(t) for t in prefix]:
             self.current = PrefixCache(prefix)
         return self.current
+
+
+def prefix_pass(prefix: PrefixCache | None, history: list[int], states: mx.array, key: tuple, caches: list,
+                run) -> mx.array:
+    """A drafter's pass over the prompt, split at a restored prefix. `states` [1, T, ...] are the
+    target's states of the prompt that the drafter pairs with the next tokens (state t with token
+    t + 1); where `prefix` covers the prompt, the drafter's pass over the pairs inside the prefix,
+    run(states of the prefix, history[:n]), is made once or restored (PrefixCache.drafter_prefix)
+    into `caches`. Returns the states the drafter has yet to see: all of them without a prefix."""
+    if prefix is None or not prefix.covers(history[:-1]):
+        return states
+    n = len(prefix.prefix)
+    prefix.drafter_prefix(key, caches, lambda: run(states[:, : n - 1], history[:n]))  # pairs t < n - 1
+    return states[:, n - 1:]

@@ -116,3 +116,22 @@ def test_eagle3s_pass_over_a_restored_prefix_is_made_once_and_restored_after(mod
     engine.prepare(prefix + _prompt(7, 1) + [0])
     for a, b in zip(engine.dcache, again.dcache):
         assert a.offset == b.offset == 107 and mx.array_equal(a.state[0], b.state[0])
+
+
+def test_mtps_pass_over_a_restored_prefix_is_made_once_and_restored_after(models):
+    from engines.mtp import MTP
+    from engines.sampling import Sampler
+    from harness.generation import run_generation
+    from tests.conftest import engine_cfg
+    from tests.test_static_mtp import llama_mtp_head
+
+    model, _ = models["llama"]
+    engine = MTP.build(model, engine_cfg(name="mtp", block_size=3, drafter=str(llama_mtp_head())))
+    prefix = _prompt(100, 0)
+    engine.use_prefix(PrefixCache(prefix))
+    base = base_engine(model)
+    for tail in (1, 2, 1):
+        prompt = prefix + _prompt(7, tail)
+        assert run_generation(engine, prompt, 16, Sampler(0.0, 0)).tokens == generate_ids(base, prompt, 16).tokens
+    p = engine.target.prefix
+    assert (p.drafter_fed, p.drafter_restored) == (1, 2)
