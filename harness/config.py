@@ -324,6 +324,7 @@ def canonical_cell(cfg) -> dict:
     """The parts of the config that decide the measurement, nothing else."""
     knobs = knobs_of(cfg.method.name)
     method = {"name": cfg.method.name, **{k: cfg.method[k] for k in knobs}}
+    execution = cfg.get("execution") or "eager"  # configs composed before the axis existed have none
     if cfg.method.get("label"):  # a name of the user's for this arm (two servers launched two ways)
         method["label"] = cfg.method.label
     dispatch = {k: v for k, v in OmegaConf.to_container(cfg.dispatch).items() if v is not None}
@@ -337,9 +338,9 @@ def canonical_cell(cfg) -> dict:
         "kv": OmegaConf.to_container(cfg.kv, resolve=True) if cfg.kv.name in ("q8", "q4") else {"name": cfg.kv.name},
         "bench": _bench_cell(cfg.bench),
         "rollback": cfg.rollback if method["name"] != "base" else None,
-        "reference": cfg.reference if (method["name"], cfg.execution) != arm_of(cfg.reference, cfg.execution) else None,
-        **({"execution": cfg.execution} if cfg.execution != "eager" else {}),  # eager: ids as before the axis
-        **({"also_against": cfg.also_against} if cfg.also_against else {}),
+        "reference": cfg.reference if (method["name"], execution) != arm_of(cfg.reference, execution) else None,
+        **({"execution": execution} if execution != "eager" else {}),  # eager: ids as before the axis
+        **({"also_against": cfg.get("also_against")} if cfg.get("also_against") else {}),
     }
 
 

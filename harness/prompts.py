@@ -212,7 +212,8 @@ def _read_gsm8k(path: Path) -> list[Prompt]:
 def _read_jsonl(path: Path) -> list[Prompt]:
     fix = f"pass a readable .jsonl file; {_SPEC_FIX}"
     if path.exists() and not path.is_file():  # a FIFO or a device would block the read, a folder fail it
-        raise ConfigError(f"bench.suite: {path} is not a regular file; {fix}")
+        raise ConfigError(f"bench.suite: prompt file {path} cannot be read: it is not a regular file (a folder, "
+                          f"a FIFO or a device); {fix}")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
