@@ -151,14 +151,14 @@ measure() {  # each method paired with base, the bf16 exports on a bf16 target (
     d=$W/pack/${m%_a}/q4  # the form that ships (4-bit), as the call before packed it
     [ -d "$d" ] || d=$W/${m%_a}
     [ -d "$d" ] || d=harness/data/drafters/smollm2/${m%_a}  # none trained on this machine: the one the repo ships
-    if [ -n "${DEQ:-}" ] && [ "$m" != ngram ]; then  # its floating copy (MLX's CUDA JIT compiles quantized matmuls per shape)
+    if [ -n "${DEQ:-}" ] && [ "$m" != ngram ] && [ "$m" != base ]; then  # its floating copy (MLX's CUDA JIT compiles quantized matmuls per shape)
       python -m train.quantize --dequantize "$d" "$W/deq/${m%_a}" >/dev/null && d=$W/deq/${m%_a}
     fi
     # the cell's progress lines go with the records: a cell cut at CELL_S leaves no record, but its log
     # says which phase (warm-up, calibration, turn i of n) the time bound fell in
     mkdir -p "$W/cells/logs"
     timeout "$CELL_S" python -m harness arch=smollm2 "arch.model=$G" "arch.dtype=$DTYPE" "method=$m" \
-      $([ "$m" = ngram ] || echo "method.drafter=$d") "${BENCH[@]}" "out_dir=$W/cells" ${EXTRA:-} 2>&1 |
+      $(case $m in ngram|base) ;; *) echo "method.drafter=$d" ;; esac) "${BENCH[@]}" "out_dir=$W/cells" ${EXTRA:-} 2>&1 |
       tee "$W/cells/logs/$m-$(date +%H%M%S).log"
     log "$m: exit ${PIPESTATUS[0]}"
     python -m report "$W/cells" > "$W/cells/report.txt" 2>&1
