@@ -279,6 +279,8 @@ class DFlashDrafter(nn.Module):
 
     def project_context(self, target_hidden: mx.array) -> mx.array:
         # [1, S, n*H] concatenated target layer outputs -> [1, S, H]
+        if target_hidden.shape[1] == 0:  # MLX's CUDA backend faults on a zero-row matmul or norm
+            return mx.zeros((target_hidden.shape[0], 0, self.fc.weight.shape[0]), dtype=target_hidden.dtype)
         return self.hidden_norm(self.fc(target_hidden))
 
     def feed_context(self, ctx: mx.array, cache: list[KVCache]) -> None:

@@ -90,7 +90,19 @@ def attention_arms(cfg: dict, live: int, capacity: int, dtype, steps: int) -> di
     return {"live": live, "capacity": capacity,
             "no_mask_live_keys": run(lambda x: sdpa(x, k[:, :, :live], v[:, :, :live], scale=d ** -0.5)),
             "bool_mask_capacity": run(lambda x: sdpa(x, k, v, scale=d ** -0.5, mask=keep)),
-            "additive_mask_capacity": run(lambda x: sdpa(x, k, v, scale=d ** -0.5, mask=additive))}
+            "additive_mask_capacity": run(lambda x: sdpa(x, k, v, scale=d ** -0.5, mask=additive)),
+            "additive_mask_live_keys": run(lambda x: sdpa(x, k[:, :, :live], v[:, :, :live], scale=d ** -0.5,
+                                                          mask=additive[..., :live])),
+            "by_hand_capacity": run(lambda x: by_hand(x, k, v, additive, d ** -0.5))}
+
+
+def by_hand(q, k, v, additive, scale):
+    # q [1, H, 1, D], k/v [1, KV, C, D]: the GQA groups as a reshape, softmax over the masked scores
+    b, h, t, d = q.shape
+    kv = k.shape[1]
+    qg = (q * scale).reshape(b, kv, h // kv * t, d)
+    p = mx.softmax(qg @ k.swapaxes(-1, -2) + additive[0], axis=-1, precise=True)
+    return (p @ v).reshape(b, h, t, d)
 
 
 def main() -> int:
