@@ -154,7 +154,8 @@ class DeviceEngine(Engine):
 
     def describe(self) -> dict:
         return {"execution": "static", "capacity": self.target.state.capacity, "traces": self.target.traces,
-                "cache_types": ["StaticKVCache"], "fused_rounds": bool(self.fuse and self.fusable)}
+                "cache_types": ["StaticKVCache"], "fused_rounds": bool(self.fuse and self.fusable),
+                "attention": self.target.attention}
 
 
 class StaticBase(DeviceEngine):

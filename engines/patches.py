@@ -17,7 +17,9 @@ library target -> manager -> why -> who needs it
 - `scaled_dot_product_attention` as imported by each mlx-lm model module -> `attention_function`
   -> attend over the cache's whole 256-key buffer, masked, so cuDNN plans once per bucket ->
   engines/dispatch.py `stable_attention`: multi-token target forwards when stable_attention is
-  on (CUDA).
+  on (CUDA). Also -> one-token attention on a static buffer runs a kernel that reads the live
+  length on the device (no mask: MLX's CUDA sdpa is unfused for any mask array) ->
+  engines/live_attention.py `live_attention`: StaticTarget's steps on CUDA.
 - `create_attention_mask` as imported by the decoder's mlx-lm module -> `attention_mask` ->
   the tree mask (each node sees the context and its ancestors) -> engines/tree.py
   `tree_attention`: Target.verify_tree (EAGLE-3's tree verify).

@@ -26,7 +26,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
+from engines.dispatch import attention_modules
 from engines.hidden import decoder
+from engines.live_attention import kernel_available as live_kernel_available
+from engines.live_attention import live_attention
 
 CAPACITY_STEP = 512  # positions are allocated in buckets of this many: few capacities, few traces
 DEFAULT_RESERVE = 1024  # positions a prefill leaves room for when its caller names none (calibration)
@@ -195,16 +198,24 @@ class StaticTarget:
         self.traces = 0  # compiled traces made: one per (T, capacity) bucket, never one per step
         self.fed_tokens = 0
         self._compiled = mx.compile(self._run, inputs=self.state.arrays, outputs=self.state.arrays)
+        # one-token attention on the live-length kernel where it runs (engines/live_attention.py)
+        self._attention = attention_modules(model) if live_kernel_available() else []
+
+    @property
+    def attention(self) -> str:
+        """Which one-token attention this target's static steps run, for the record."""
+        return "live-length CUDA kernel" if self._attention else "masked sdpa over the buffer"
 
     def _run(self, ids: mx.array):
         # [T] ids at the caches' position -> logits [T, V] and hidden [1, T, n * H] (or a [0] placeholder).
         self.traces += 1  # runs only while mx.compile traces
         from engines.hidden import capture_hidden
 
-        if not self.hidden_layers:
-            return self.model(ids[None], cache=self.state.caches)[0], mx.zeros((0,))
-        with capture_hidden(self.model, self.hidden_layers) as sink:
-            logits = self.model(ids[None], cache=self.state.caches)
+        with live_attention(self._attention, StaticKVCache):
+            if not self.hidden_layers:
+                return self.model(ids[None], cache=self.state.caches)[0], mx.zeros((0,))
+            with capture_hidden(self.model, self.hidden_layers) as sink:
+                logits = self.model(ids[None], cache=self.state.caches)
         return logits[0], mx.concatenate(sink, axis=-1)
 
     def prefill(self, prompt, reserve: int = DEFAULT_RESERVE):

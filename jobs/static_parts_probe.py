@@ -7,8 +7,10 @@ Step arms, each a loop of `steps` one-token forwards with an eval per step (as d
   eager           engines.target.Target (mlx-lm's KVCache: keys up to the position, no mask array)
   static_eager    StaticTarget's uncompiled function (the buffer's capacity of keys, a mask array)
   static_compiled StaticTarget.forward (the same, compiled)
+(on CUDA both static arms attend on engines/live_attention.py's kernel: `attention` names which ran)
 Attention arms (30 layers' worth in one graph, SmolLM2's heads): sdpa over the live keys without a
-mask, over the whole buffer with a boolean mask, and with an additive one. One JSON line.
+mask, over the whole buffer with a boolean mask, and with an additive one, and (CUDA) the live-length
+kernel over the whole buffer. One JSON line.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ blas.select()
 
 import mlx.core as mx  # noqa: E402
 
+from engines import live_attention as la  # noqa: E402
 from engines.static import StaticTarget, static_layout  # noqa: E402
 from engines.target import Target  # noqa: E402
 
@@ -62,7 +65,7 @@ def step_arms(model, prompt: list[int], steps: int) -> dict:
         mx.eval(mx.argmax(static.forward(one).logits, axis=-1), static.state.arrays)
         static.rewind(s_mark)
 
-    return {"capacity": static.state.capacity, "eager": per_step_ms(eager_step, steps),
+    return {"capacity": static.state.capacity, "attention": static.attention, "eager": per_step_ms(eager_step, steps),
             "static_eager": per_step_ms(static_eager_step, steps),
             "static_compiled": per_step_ms(static_compiled_step, steps)}
 
@@ -93,7 +96,9 @@ def attention_arms(cfg: dict, live: int, capacity: int, dtype, steps: int) -> di
             "additive_mask_capacity": run(lambda x: sdpa(x, k, v, scale=d ** -0.5, mask=additive)),
             "additive_mask_live_keys": run(lambda x: sdpa(x, k[:, :, :live], v[:, :, :live], scale=d ** -0.5,
                                                           mask=additive[..., :live])),
-            "by_hand_capacity": run(lambda x: by_hand(x, k, v, additive, d ** -0.5))}
+            "by_hand_capacity": run(lambda x: by_hand(x, k, v, additive, d ** -0.5)),
+            **({"live_kernel_capacity": run(lambda x: la.attend(x, k, v, mx.array(live), d ** -0.5, None))}
+               if la.kernel_available() else {})}
 
 
 def by_hand(q, k, v, additive, scale):
