@@ -26,6 +26,7 @@ from typing import ClassVar
 import mlx.core as mx
 
 from engines.deltanet import backend_path
+from engines.forced import Force
 from engines.target import Forward, Target, as_ids
 
 
@@ -141,6 +142,7 @@ class Engine:
         self.prof = NullProfiler()
         self.sampler = None  # set by the loop before prefill (temperature, seeded streams)
         self.max_drafts: int | None = None  # set by the loop before each draft where caps_drafts
+        self.force = Force.from_config(getattr(cfg, "force", None))  # a chosen acceptance (engines/forced.py)
 
     @classmethod
     def hidden_layers(cls, cfg, model) -> tuple[int, ...]:

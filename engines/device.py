@@ -26,6 +26,7 @@ import mlx.core as mx
 
 from engines.base import Engine
 from engines.errors import Unsupported
+from engines.forced import accept_forced
 from engines.sampling import accept_deterministic, accept_speculative
 from engines.static import StaticKVCache, StaticState, StaticTarget, static_layout
 
@@ -136,7 +137,11 @@ class DeviceEngine(Engine):
         The target's position, the pending token and the output position then assume the outcome."""
         start = self.target.position
         fwd = self.target.forward(mx.concatenate([self.pending, drafts]))  # logits [K+1, V]
-        if q is not None and self.sampler.temperature > 0:
+        if self.force is not None:  # the count chosen on the device, the target's own token after it
+            k = drafts.shape[0]
+            outcome = accept_forced(drafts, self.sampler.choose(fwd.logits, self.out_pos),
+                                    self.force.count(k, self.out_pos))
+        elif q is not None and self.sampler.temperature > 0:
             outcome = accept_speculative(drafts, q, fwd.logits, self.sampler, self.out_pos)
         else:
             outcome = accept_deterministic(drafts, self.sampler.choose(fwd.logits, self.out_pos))

@@ -889,7 +889,8 @@ class Eagle3Static(DeviceEngine):
         tokens, parents, depths, ancestors = self._phase(True)(self.feats, self.fed, self.n, self.out_pos)
         fwd = self.tree.forward(mx.concatenate([self.pending, tokens]), depths, ancestors)  # logits [T, V]
         choices = self.sampler.choose(fwd.logits, self.out_pos)  # greedy: argmax at every tree node
-        outcome, path = accept_tree_on_device(tokens, parents, choices, self.depth)  # [1 + D + 1], [D + 1]
+        forced = None if self.force is None else self.force.count(self.depth, self.out_pos)
+        outcome, path = accept_tree_on_device(tokens, parents, choices, self.depth, forced)  # [1 + D + 1], [D + 1]
         n = outcome[:1]
         self.tree.keep_path(start, path, n[0])  # the accepted path contiguous after the position
         self.pending = mx.take(outcome[1:], n).astype(mx.int32)

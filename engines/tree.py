@@ -154,25 +154,37 @@ def accept_tree_greedy(tokens: list[int], parents: list[int], choices: list[int]
         here = nxt
 
 
-def accept_tree_on_device(tokens: mx.array, parents: mx.array, choices: mx.array, depth: int) -> tuple[mx.array, mx.array]:
+def accept_tree_on_device(tokens: mx.array, parents: mx.array, choices: mx.array, depth: int,
+                          forced: mx.array | None = None) -> tuple[mx.array, mx.array]:
     """accept_tree_greedy with fixed shapes and no host read, for a tree of [root] + N nodes.
 
     tokens [N] node ids at tree indices 1..N; parents [N] the tree index of each node's parent (0 =
     the root); choices [N + 1] the target's choice at each tree index; depth: the deepest node's.
     Returns the outcome [1 + depth + 1] (n accepted, then the target's choices along the accepted
     path: the first n + 1 are emitted, the accepted nodes' tokens and the bonus) and the path
-    [depth + 1] (tree indices: the root, then the accepted node at each depth; the root past n)."""
+    [depth + 1] (tree indices: the root, then the accepted node at each depth; the root past n).
+    forced ([1] int32, engines/forced.py): accept down the first child at each depth, at most that
+    many nodes, whatever the target chose; the emitted tokens are then the nodes' own, and the
+    target's choice at the last one."""
     tokens, parents = tokens.astype(mx.int32), parents.astype(mx.int32)
     choices = choices.astype(mx.int32)
-    agrees = tokens == mx.take(choices, parents)  # [N]: the node is its parent's choice
+    if forced is None:
+        agrees = tokens == mx.take(choices, parents)  # [N]: the node is its parent's choice
+    else:
+        agrees = mx.ones(tokens.shape, dtype=mx.bool_)
     here = mx.array(0, dtype=mx.int32)
     n = mx.zeros((1,), dtype=mx.int32)
     path = [here[None]]
-    for _ in range(depth):  # the walk: the child of `here` that agrees (siblings carry distinct ids)
+    for level in range(depth):  # the walk: the child of `here` that agrees (siblings carry distinct ids)
         child = agrees & (parents == here)
-        found = mx.any(child)
+        found = mx.any(child) if forced is None else mx.any(child) & (level < forced[0])
         here = mx.where(found, mx.argmax(child).astype(mx.int32) + 1, here)
         n = n + found.astype(mx.int32)  # once a level has no agreeing child, none below has either
         path.append(mx.where(found, here, 0)[None])
     path = mx.concatenate(path)  # [depth + 1]
-    return mx.concatenate([n, mx.take(choices, path)]), path
+    if forced is None:
+        return mx.concatenate([n, mx.take(choices, path)]), path
+    final = mx.take(choices, mx.take(path, n))  # [1] the target's choice at the last accepted node
+    nodes = mx.take(mx.concatenate([mx.zeros((1,), dtype=mx.int32), tokens]), path[1:])  # [depth]
+    emitted = mx.where(mx.arange(depth + 1) < n, mx.concatenate([nodes, final]), final)
+    return mx.concatenate([n, emitted]), path

@@ -38,6 +38,14 @@ class ArchConfig:
 
 
 @dataclass
+class ForceConfig:
+    # Forced acceptance (engines/forced.py): the round's accept decision replaced, all its work real.
+    accepted: Optional[int] = None  # accept exactly min(n, K) drafts every round
+    rate: Optional[float] = None  # or: accept each position with this probability given the one before
+    seed: int = 0  # the rate's draws (keyed by output position: a cell replays the same counts)
+
+
+@dataclass
 class MethodConfig:
     name: str = MISSING  # a registered engine: base, ngram, control, dflash_a, dflash_c, mtp, eagle3, mlx_lm, dflash_zlab
     label: Optional[str] = None  # a name of your own for the arm in reports (e.g. llama.cpp+lookup); part of the cell
@@ -58,6 +66,7 @@ class MethodConfig:
     url: Optional[str] = None  # server: http://host:port of an OpenAI-compatible server
     model: Optional[str] = None  # server: the model name sent in requests (null = none: the one it loaded)
     launch: Optional[str] = None  # server: command line that starts it for the cell (null = already running)
+    force: ForceConfig = field(default_factory=ForceConfig)  # drafting methods: a chosen acceptance (not lossless)
 
 
 @dataclass
@@ -246,9 +255,33 @@ def _check_method(m, knobs) -> None:
     if "min_ngram" in knobs and m.max_ngram < m.min_ngram:
         raise ConfigError(f"ngram sizes min_ngram={m.min_ngram}, max_ngram={m.max_ngram} are "
                           "not valid; need 1 <= min_ngram <= max_ngram")
+    _check_force(m)
     if "depth" in knobs and m.total_tokens < m.depth:
         raise ConfigError(f"eagle3 tree depth={m.depth}, top_k={m.top_k}, total_tokens={m.total_tokens} is not "
                           "valid; need depth >= 1, top_k >= 1 and total_tokens >= depth")
+
+
+def _check_force(m) -> None:
+    # method.force: one of accepted / rate, on a method whose rounds the loop accepts.
+    f = m.get("force")
+    if f is None or (f.accepted is None and f.rate is None):
+        return
+    if f.accepted is not None and f.rate is not None:
+        raise ConfigError(f"method.force.accepted={f.accepted} and method.force.rate={f.rate} are both set; "
+                          "force a fixed count or a rate, not both")
+    engine = get_engine(m.name)
+    if not engine.drafts or engine.external:
+        raise ConfigError(f"method.force applies to drafting methods whose rounds this harness accepts; {m.name} "
+                          f"{'runs its own loop' if engine.external else 'drafts nothing'} (use ngram, mtp, eagle3, "
+                          "dflash_a, dflash_c or draft_model)")
+    if f.accepted is not None:
+        if isinstance(f.accepted, bool) or not isinstance(f.accepted, int):
+            raise ConfigError(f"method.force.accepted={f.accepted!r} is not an integer; give the drafts to accept "
+                              "each round (0 up to the block's K)")
+        check_range("method.force.accepted", f.accepted, 0, MAX_BLOCK, "drafts accepted each round")
+    else:
+        check_range("method.force.rate", f.rate, 0, 1, "each position's acceptance, given the one before")
+    check_range("method.force.seed", f.seed, 0, 2**32 - 1, "seed of the rate's draws")
 
 
 # method knob -> (lowest, highest, what it sizes): each bound is what one round or one request can hold.
@@ -327,6 +360,10 @@ def canonical_cell(cfg) -> dict:
     execution = cfg.get("execution") or "eager"  # configs composed before the axis existed have none
     if cfg.method.get("label"):  # a name of the user's for this arm (two servers launched two ways)
         method["label"] = cfg.method.label
+    force = cfg.method.get("force")
+    if force is not None and (force.accepted is not None or force.rate is not None):  # only when set: ids stay
+        method["force"] = ({"accepted": force.accepted} if force.accepted is not None
+                           else {"rate": force.rate, "seed": force.seed})
     dispatch = {k: v for k, v in OmegaConf.to_container(cfg.dispatch).items() if v is not None}
     arch = OmegaConf.to_container(cfg.arch, resolve=True)
     if arch.get("gguf_dequantize", True):

@@ -24,6 +24,10 @@ from harness.records import read_record
 from harness.run import RUN, run_cell
 
 
+# summary metrics that say whether the output is the target's: a forced cell never passes a bound on them
+LOSSLESS_METRICS = ("diverged_prompts", "earliest_divergence", "matched_fraction", "nondeterministic_prompts")
+
+
 def _cell_config(cfg, check):
     # The command line (minus the gate itself) applies to every check, then the check's own overrides.
     task = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith("gate")]
@@ -44,6 +48,11 @@ def evaluate(check, record: dict | None, run_id: str | None = None) -> list[list
     if run_id is not None and made_by != run_id:
         return [[check.name, "cell", "measured by this run", f"the record was made by run {made_by}", "FAIL"]]
     summary = record["summary"]
+    if record.get("forced"):  # a forced cell emits the drafts it was told to keep: no evidence of losslessness
+        lossless = [m for m in (*check.min, *check.max) if m in LOSSLESS_METRICS]
+        if lossless:
+            return [[check.name, m, "a measured acceptance", f"forced acceptance {record['forced']}", "FAIL"]
+                    for m in lossless]
     rows = []
     for op, bounds in ((">=", check.min), ("<=", check.max)):
         for metric, bound in bounds.items():

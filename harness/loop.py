@@ -25,6 +25,7 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
 from engines.base import Draft, Engine, NullProfiler, Prefill, Round
+from engines.forced import accept_forced
 from engines.sampling import Sampler, accept_deterministic, accept_speculative
 from engines.tree import accept_tree_greedy, tree_depths
 
@@ -178,7 +179,9 @@ def _round(engine: Engine, history: list[int], budget: int, sampler: Sampler, po
         prof.mark("verify", logits)
     if draft.parents is not None:
         return _tree_round(engine, draft, logits, sampler, pos, prof, reach, budget)
-    if draft.q is not None and sampler.temperature > 0 and draft.k:
+    if engine.force is not None:  # the count chosen, the target's own token after it
+        outcome = accept_forced(draft.tokens, sampler.choose(logits, pos), engine.force.count(draft.k, pos))
+    elif draft.q is not None and sampler.temperature > 0 and draft.k:
         outcome = accept_speculative(draft.tokens, draft.q, logits, sampler, pos)
     else:
         outcome = accept_deterministic(draft.tokens, sampler.choose(logits, pos))
@@ -199,7 +202,11 @@ def _tree_round(engine: Engine, draft: Draft, logits, sampler: Sampler, pos: int
     assert sampler.temperature == 0, "tree drafts are verified greedily; engines draft chains when sampling"
     both = mx.concatenate([draft.tokens, sampler.choose(logits, pos).astype(mx.int32)]).tolist()  # one read
     nodes, choices = both[: draft.k], both[draft.k:]
-    path, bonus = accept_tree_greedy(nodes, draft.parents, choices)
+    if engine.force is not None:  # a path of the chosen depth, the target's own token after it
+        path = engine.force.path(draft.parents, pos)
+        bonus = choices[path[-1] + 1 if path else 0]
+    else:
+        path, bonus = accept_tree_greedy(nodes, draft.parents, choices)
     draft.accepted_path = path
     if prof:
         prof.mark("accept")

@@ -38,13 +38,23 @@ def check_overrides(overrides: list) -> None:
                     raise ConfigError(f"unknown {key} {v!r}; available: {', '.join(options)} "
                                       f"(files in {conf_dir() / key})")
         elif "." in key and key.split(".", 1)[0] in sections:
-            group, field = key.split(".", 1)
-            valid = [f.name for f in dataclasses.fields(sections[group])]
-            if field not in valid:
-                raise ConfigError(f"unknown key {key!r}; {group} has: {', '.join(valid)}")
+            _check_dotted(key, sections[key.split(".", 1)[0]])
         elif key not in top:
             raise ConfigError(f"unknown key {key!r}; top-level keys: {', '.join(sorted(top))}, "
                               f"groups: {', '.join([*GROUPS, *OPTION_GROUPS])}")
+
+
+def _check_dotted(key: str, cls) -> None:
+    # "method.force.accepted": each part a field of the dataclass before it (nested ones included).
+    parts = key.split(".")
+    for i, name in enumerate(parts[1:], 1):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if name not in fields:
+            raise ConfigError(f"unknown key {key!r}; {'.'.join(parts[:i])} has: {', '.join(fields)}")
+        kind = fields[name].default_factory if fields[name].default_factory is not dataclasses.MISSING else None
+        if not (kind and dataclasses.is_dataclass(kind)):
+            return  # a leaf (or a dict-valued field, whose keys are the user's)
+        cls = kind
 
 
 def _search_dirs(overrides) -> list:

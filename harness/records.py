@@ -27,6 +27,8 @@ def cell_id(cell: dict) -> str:
     bs = f"-bs{m['block_size']}" if m.get("block_size") else ""
     ref = f"__vs-{str(cell['reference']).replace(':', '-')}" if cell.get("reference") not in (None, "base") else ""
     ex = f"__{cell['execution']}" if cell.get("execution") not in (None, "eager") else ""
+    force = m.get("force") or {}
+    ex += (f"__forced-n{force['accepted']}" if "accepted" in force else f"__forced-p{force['rate']:g}") if force else ""
     return f"{cell['arch']['name']}__{m['name']}{bs}__kv-{cell['kv']['name']}{ex}{ref}__{digest}"
 
 

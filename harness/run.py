@@ -246,6 +246,8 @@ def _measure(cfg, cell: dict, cid: str, prompts, ckpt: Path, suite: list[dict]) 
             record.update(measured)
         record["load"] = load.record
         record["engine"] = arms.method.describe()  # after measuring: rollback=auto has picked its strategy
+        if arms.method.force is not None:  # a chosen acceptance: its output is not the target's
+            record["forced"] = arms.method.force.describe()
         if record["engine"].get("acceptance_observed") is False:
             _unobserved_acceptance(record["summary"])
         if arms.base is not None and not arms.reference_is_base:  # what the ratio is against, what it cannot show

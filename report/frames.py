@@ -139,6 +139,10 @@ def _keys(rec: dict, labels: dict[str, tuple[str, str]]) -> dict:
         method += " [" + ", ".join(f"{k}={v}" for k, v in sorted(cell["dispatch"].items())) + "]"
     if cell.get("execution") not in (None, "eager"):  # rounds that stay on the device (engines/device.py)
         method += f" [{cell['execution']}]"
+    force = cell["method"].get("force")
+    if isinstance(force, dict) and force:  # a chosen acceptance (engines/forced.py): not the drafter's
+        method += (f" [forced {force['accepted']} a round]" if "accepted" in force
+                   else f" [forced rate {force.get('rate')}]")
     if bench:
         method += f" ({bench})"
     return {"arch": arch, "method": method,
@@ -171,7 +175,7 @@ def cell_row(path, rec: dict, labels) -> dict:
            "blas_kind": env.get("blas_kind"), "host": env.get("host"),
            "other_cpu_share": (rec.get("load") or {}).get("other_cpu_share"),
            "temperature": bench_of(rec).get("temperature"), "context": bench_of(rec)["context"],
-           "cell_id": rec["cell_id"], "path": str(path)}
+           "forced": bool(rec["cell"]["method"].get("force")), "cell_id": rec["cell_id"], "path": str(path)}
     row.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
     row["per_position_acceptance"] = summary.get("per_position_acceptance")
     also = summary.get("also") if isinstance(summary.get("also"), dict) else {}

@@ -92,6 +92,8 @@ def _diverged(r) -> str:
     # "1/3 (first at 12)": prompts whose output left the reference's, of all; "-" for a count not recorded.
     n = r["diverged_prompts"]
     div = f"{_fmt(n, 'd')}/{_fmt(r['prompts'], 'd')}"
+    if r.get("forced") is True:  # a forced accept emits drafts the target did not choose: no losslessness evidence
+        return div + (" (forced: expected)" if not pd.isna(n) and n else " (forced)")
     if pd.isna(n) or not n:
         return div
     if _sampled(r):
