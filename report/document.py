@@ -15,8 +15,8 @@ from report import plots
 from report.frames import DEPTH_BIN, Frames, bench_of, build_frames, profiles, sampled
 from report.publish import publish, staging
 from report.tables import (CATEGORY_CAPTION, HOST_CAPTION, arch_tables, category_tables, context_table,
-                           depth_summary_table, divergence_table, host_table, model_table, outside_table,
-                           profile_table, resources_table, temperature_table)
+                           depth_summary_table, divergence_table, forced_table, host_table, model_table,
+                           outside_table, profile_table, resources_table, temperature_table)
 
 
 def _distinct(records, get) -> str:
@@ -249,9 +249,28 @@ def _write_into(root: Path, out: Path, f: Frames, unread: list) -> None:
            "## Per-round profile (mean ms per round)", "", profile_table(f.profiles),
            *host_section(records, f.profiles, f.host),
            "## Speedup model", "", MODEL_CAPTION, "", model_table(f.cells),
+           *forced_section(f.cells, out),
            "## Plots", "", *[f"![{p.stem}]({p.name})" for p in pngs], "",
            *unread_section(root, unread)]
     (out / "report.md").write_text("\n".join(doc))
+
+
+FORCED_CAPTION = (
+    "Cells run with forced acceptance (method.force: each round keeps the chosen number of drafts, or each "
+    "position with the chosen probability, and does all its real work): the measured speedup at the tau the "
+    "forcing produced, beside what the speedup model predicts for that tau from the cell's own calibrated "
+    "round cost. Where they part, the model misses a cost that grows with the accepted length (a longer "
+    "commit, a rollback, a catch-up); the break-even tau is where the round cost equals the tokens it yields. "
+    "Their outputs are not the target's: divergence is expected there.")
+
+
+def forced_section(cells: pd.DataFrame, out: Path) -> list[str]:
+    """The forced-acceptance table and its plot, where any cell was forced."""
+    if "forced" not in cells or not cells["forced"].astype(bool).any():
+        return []
+    png = plots.speedup_vs_forced_tau(cells, out / "speedup_vs_forced_tau.png")
+    return ["### Cost at a chosen acceptance", "", FORCED_CAPTION, "", forced_table(cells),
+            f"![{png.stem}]({png.name})", ""]
 
 
 def host_section(records, prof: pd.DataFrame, host: pd.DataFrame | None = None) -> list[str]:

@@ -139,10 +139,9 @@ def _keys(rec: dict, labels: dict[str, tuple[str, str]]) -> dict:
         method += " [" + ", ".join(f"{k}={v}" for k, v in sorted(cell["dispatch"].items())) + "]"
     if cell.get("execution") not in (None, "eager"):  # rounds that stay on the device (engines/device.py)
         method += f" [{cell['execution']}]"
-    force = cell["method"].get("force")
-    if isinstance(force, dict) and force:  # a chosen acceptance (engines/forced.py): not the drafter's
-        method += (f" [forced {force['accepted']} a round]" if "accepted" in force
-                   else f" [forced rate {force.get('rate')}]")
+    forced = _forced_setting(rec)
+    if forced:  # a chosen acceptance (engines/forced.py): not the drafter's
+        method += f" [forced {forced}]"
     if bench:
         method += f" ({bench})"
     return {"arch": arch, "method": method,
@@ -175,7 +174,8 @@ def cell_row(path, rec: dict, labels) -> dict:
            "blas_kind": env.get("blas_kind"), "host": env.get("host"),
            "other_cpu_share": (rec.get("load") or {}).get("other_cpu_share"),
            "temperature": bench_of(rec).get("temperature"), "context": bench_of(rec)["context"],
-           "forced": bool(rec["cell"]["method"].get("force")), "cell_id": rec["cell_id"], "path": str(path)}
+           "forced": bool(rec["cell"]["method"].get("force")), "forced_setting": _forced_setting(rec),
+           "method_name": rec["cell"]["method"]["name"], "cell_id": rec["cell_id"], "path": str(path)}
     row.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
     row["per_position_acceptance"] = summary.get("per_position_acceptance")
     also = summary.get("also") if isinstance(summary.get("also"), dict) else {}
@@ -185,8 +185,17 @@ def cell_row(path, rec: dict, labels) -> dict:
                 "ceiling_tps": ceiling.get("tps")})
     model = summary.get("model") or {}
     row.update({k: model.get(k) for k in ("predicted_speedup", "break_even_acceptance", "verify_cost_ratio",
-                                          "round_cost_ratio", "iid_acceptance", "base_pipelining_gain")})
+                                          "round_cost_ratio", "iid_acceptance", "base_pipelining_gain",
+                                          "break_even_tau")})
     return row
+
+
+def _forced_setting(rec: dict) -> str | None:
+    # "3 a round" / "rate 0.7": what a forced cell was told to accept (engines/forced.py); None where not forced.
+    force = rec["cell"]["method"].get("force")
+    if not isinstance(force, dict) or not force:
+        return None
+    return f"{force['accepted']} a round" if "accepted" in force else f"rate {force.get('rate')}"
 
 
 def cells_frame(rows: list[dict]) -> pd.DataFrame:

@@ -162,6 +162,28 @@ def predicted_vs_measured(df: pd.DataFrame, path: Path) -> Path:
     return _save(fig, path)
 
 
+def speedup_vs_forced_tau(df: pd.DataFrame, path: Path) -> Path:
+    """Measured speedup (95% CI over reps as bars) against the tau each forced cell reached, one line
+    per method; the speedup model's prediction for the same cells dashed in the same colour."""
+    sub = df[(df["status"] == "ok") & df["forced"].astype(bool) & df["speedup"].notna()]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    keys = ["arch", "method_name", "block_size", "kv"]
+    for _, g in sub.groupby(keys, dropna=False, sort=True):
+        g = g.sort_values("tau")
+        tau, y = g["tau"].astype(float), g["speedup"].astype(float)
+        err = [(y - g["speedup_ci_low"].astype(float)).fillna(0), (g["speedup_ci_high"].astype(float) - y).fillna(0)]
+        r = g.iloc[0]
+        line = ax.errorbar(tau, y, yerr=err, marker="o", ms=4, capsize=2,
+                           label=f"{r['method_name']} (block {r['block_size']}, {r['arch']})")
+        ax.plot(tau, g["predicted_speedup"].astype(float), ls="--", lw=0.9, color=line[0].get_color())
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set(xlabel="tau: tokens per round (forced)", ylabel="speedup vs reference (paired)",
+           title="speedup at a forced acceptance (dashed: the speedup model)")
+    if len(sub):
+        _legend(ax, "report.csv", fontsize=7, loc="upper left")
+    return _save(fig, path)
+
+
 def tau_by_depth(dep: pd.DataFrame, path: Path) -> Path:
     """tau against decode depth (each bin at its first position), one line per drafting cell
     (named with its context and temperature where those vary): where acceptance fades."""

@@ -409,3 +409,25 @@ def temperature_table(ax: pd.DataFrame) -> str:
              _speedup(r), _fmt(r["tau"], ".2f"), _fmt(r["acceptance_rate"], ".1%")]
             for r in _rows(_axis_order(ax, "temperature"))]
     return _md(rows, ["arch", "method", "block", "kv", "T", "speedup [95% CI: reps]", "tau", "accept"]) + "\n"
+
+
+def forced_table(df: pd.DataFrame) -> str:
+    """Forced-acceptance cells (engines/forced.py), per method in order of tau: the measured speedup
+    [95% CI: reps] beside the speedup model's prediction at the same tau, their gap, and the
+    break-even tau; then the median gap over all of them."""
+    sub = df[(df["status"] == "ok") & df["forced"].astype(bool)]
+    if sub.empty:
+        return "_No forced cells._\n"
+    sub = sub.sort_values(["arch", "method_name", "block_size", "kv", "tau"], kind="stable")
+    gaps = (sub["speedup"].astype(float) - sub["predicted_speedup"].astype(float)).abs() / sub["speedup"].astype(float)
+    rows = [[r["arch"], r["method_name"], _fmt(r["block_size"], "d"), r["kv"], r["forced_setting"],
+             _fmt(r["tau"], ".2f"), _speedup(r), _fmt(r["predicted_speedup"], ".3f"), _fmt(gap, ".1%"),
+             _fmt(r["break_even_tau"], ".2f")]
+            for r, gap in zip(_rows(sub), gaps)]
+    headers = ["arch", "method", "block", "kv", "forced", "tau (measured)", "speedup [95% CI: reps]",
+               "predicted at this tau", "gap (of measured)", "break-even tau (model)"]
+    known = gaps.dropna()
+    tail = (f"\nMedian |measured - predicted| / measured over {len(known)} forced cells: {known.median():.1%} "
+            f"(largest {known.max():.1%}, {_rows(sub.loc[[known.idxmax()]])[0]['method_name']} at tau "
+            f"{float(sub.loc[known.idxmax(), 'tau']):.2f}).\n" if len(known) else "")
+    return _md(rows, headers) + "\n" + tail

@@ -156,21 +156,27 @@ def test_bad_force_settings_are_refused_in_one_line(overrides, message):
         validate(cfg("arch=llama", *overrides))
 
 
-def test_a_forced_cell_has_its_own_id_and_says_so(tmp_path):
+def test_forced_cells_have_their_own_ids_and_report_a_cost_curve(tmp_path):
     import subprocess
     import sys
 
     from tests.conftest import REPO
     from tests.test_cli import QUICK, harness, records
 
-    r = harness("arch=llama", "method=draft_model", "method.force.accepted=2", *QUICK, f"out_dir={tmp_path}")
+    r = harness("-m", "arch=llama", "method=draft_model", "method.force.accepted=1,3", *QUICK, f"out_dir={tmp_path}")
     assert r.returncode == 0, r.stderr
-    (rec,) = records(tmp_path).values()
-    assert "__forced-n2__" in rec["cell_id"] and rec["forced"] == {"accepted": 2}
-    assert rec["cell"]["method"]["force"] == {"accepted": 2}
-    for item in rec["prompts"]:
-        hist = item["accept_hist"]  # rounds by accepted count: 2 every round but the budget's last
-        assert hist[2] >= item["rounds"] - 1 and sum(hist) == item["rounds"], hist
-    shown = subprocess.run([sys.executable, "-m", "report", str(tmp_path)], cwd=REPO, capture_output=True,
-                           text=True).stdout
-    assert "draft_model [forced 2 a round]" in shown and "/2 (forced" in shown
+    recs = sorted(records(tmp_path).values(), key=lambda rec: rec["forced"]["accepted"])
+    assert [rec["forced"] for rec in recs] == [{"accepted": 1}, {"accepted": 3}]
+    assert "__forced-n1__" in recs[0]["cell_id"] and recs[1]["cell"]["method"]["force"] == {"accepted": 3}
+    for rec in recs:
+        for item in rec["prompts"]:  # rounds by accepted count: the setting's every round but the budget's last
+            n = rec["forced"]["accepted"]
+            assert item["accept_hist"][n] >= item["rounds"] - 1 and sum(item["accept_hist"]) == item["rounds"]
+    assert recs[0]["summary"]["tau"] < recs[1]["summary"]["tau"]
+    rep = subprocess.run([sys.executable, "-m", "report", str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+    assert rep.returncode == 0, rep.stderr
+    md = (tmp_path / "report.md").read_text()
+    assert "draft_model [forced 1 a round]" in md and "/2 (forced" in md
+    section = md.split("### Cost at a chosen acceptance")[1]
+    assert "| draft_model |" in section and "Median |measured - predicted| / measured over 2 forced cells" in section
+    assert (tmp_path / "speedup_vs_forced_tau.png").stat().st_size > 5000
