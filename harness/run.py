@@ -396,4 +396,5 @@ def _headline(rec: dict) -> str:
     also = s.get("also")
     versus = f"; vs {also['against']} {also['speedup']:.3f}x ({also['decode_tps']:.1f} tok/s)" if also else ""
     return (f"{s['decode_tps']:.1f} tok/s, {ref} {s['base_decode_tps']:.1f} tok/s, speedup {s['speedup']:.3f}x"
-            f"{predicted}{versus}, tau {tau}, diverged {s['diverged_prompts']}/{s['prompts']}")
+            f"{predicted}{versus}, tau {tau}, diverged {s['diverged_prompts']}/{s['prompts']}"
+            f"{' (forced: expected)' if rec.get('forced') else ''}")
