@@ -173,8 +173,8 @@ def speedup_vs_forced_tau(df: pd.DataFrame, path: Path) -> Path:
         tau, y = g["tau"].astype(float), g["speedup"].astype(float)
         err = [(y - g["speedup_ci_low"].astype(float)).fillna(0), (g["speedup_ci_high"].astype(float) - y).fillna(0)]
         r = g.iloc[0]
-        line = ax.errorbar(tau, y, yerr=err, marker="o", ms=4, capsize=2,
-                           label=f"{r['method_name']} (block {r['block_size']}, {r['arch']})")
+        block = "" if pd.isna(r["block_size"]) else f"block {r['block_size']}, "
+        line = ax.errorbar(tau, y, yerr=err, marker="o", ms=4, capsize=2, label=f"{r['method_name']} ({block}{r['arch']})")
         ax.plot(tau, g["predicted_speedup"].astype(float), ls="--", lw=0.9, color=line[0].get_color())
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.set(xlabel="tau: tokens per round (forced)", ylabel="speedup vs reference (paired)",
