@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engines.sampling import Sampler
+from engines.sampling import Sampler, drafts_then
 from engines.tree import tree_depths
 
 STREAM = 4  # the Sampler key stream of forced accept draws (0-3 are the sampler's own)
@@ -73,12 +73,8 @@ class Force:
 def accept_forced(tokens: mx.array, choices: mx.array, n: mx.array) -> mx.array:
     """The outcome of a forced accept, in accept_deterministic's layout: [n, emitted K+1], where
     emitted holds drafts tokens [K] up to n, then the target's choice at n (choices [K+1])."""
-    k = tokens.shape[0]
-    choices = choices.astype(mx.int32)
-    final = mx.take(choices, n)  # [1]
-    x = mx.concatenate([tokens.astype(mx.int32), final])
-    emitted = mx.where(mx.arange(k + 1) < n, x, final)
-    return mx.concatenate([n.astype(mx.int32), emitted])
+    final = mx.take(choices.astype(mx.int32), n)  # [1]
+    return mx.concatenate([n.astype(mx.int32), drafts_then(tokens.astype(mx.int32), final, n)])
 
 
 def _key(seed: int, pos) -> mx.array:

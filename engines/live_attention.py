@@ -84,8 +84,7 @@ def applies(queries: mx.array, keys: mx.array) -> bool:
     """Whether the kernel runs these shapes here: CUDA, one query row, one batch row, a head size
     of 32-256 in steps of 32, query heads a multiple of the KV heads."""
     B, Hq, T, D = queries.shape
-    return (_KERNEL is not None and mx.default_device() == mx.gpu and B == 1 and T == 1 and D % 32 == 0
-            and D <= 256 and Hq % keys.shape[1] == 0)
+    return kernel_available() and B == 1 and T == 1 and D % 32 == 0 and D <= 256 and Hq % keys.shape[1] == 0
 
 
 def kernel_available() -> bool:
@@ -95,8 +94,8 @@ def kernel_available() -> bool:
 
 def attend(queries: mx.array, keys: mx.array, values: mx.array, length: mx.array, scale: float,
            window: int | None) -> mx.array:
-    """queries [1, Hq, 1, D] over keys/values [1, Hkv, C, D] at slots [max(0, length - window), length)
-    -> [1, Hq, 1, D] (the kernel; call only where `applies`)."""
+    """queries [1, Hq, 1, D] over keys/values [1, Hkv, C, D] at slots [max(0, L - window), L), L = length
+    clamped to [0, C] -> [1, Hq, 1, D] (the kernel; call only where `applies`)."""
     D = queries.shape[-1]
     return _KERNEL(inputs=[queries, keys, values, length.astype(mx.int32).reshape(1), mx.array([scale], mx.float32)],
                    template=[("QT", queries.dtype), ("KT", keys.dtype), ("D", D), ("WARPS", WARPS),
@@ -119,7 +118,7 @@ def _live(original, static_cache: type):
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
         # one query row on a static buffer whose position already counts it: keys [lo, pos) are live
         if sinks is None and isinstance(cache, static_cache) and applies(queries, keys):
-            return attend(queries, keys, values, mx.minimum(cache.offset, cache.capacity), scale, cache.window)
+            return attend(queries, keys, values, cache.offset, scale, cache.window)  # (the kernel clamps to C)
         return original(queries, keys, values, cache, scale, mask, sinks)
     return scaled_dot_product_attention
 

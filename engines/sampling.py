@@ -105,5 +105,10 @@ def accept_speculative(tokens: mx.array, q: mx.array, logits: mx.array, sampler:
     residual = mx.where(total > 0, residual / mx.maximum(total, 1e-30), p[:k])  # p == q there: any sample of p
     last = mx.concatenate([sampler.draw(residual, pos, 3), sampler.draw(p[k:], pos + k, 0)]).astype(mx.int32)
     final = mx.take(last, n)  # [1]
-    emitted = mx.where(mx.arange(k + 1) < n, mx.concatenate([x, final]), final)  # [K+1]: drafts up to n, then final
-    return mx.concatenate([n, emitted])
+    return mx.concatenate([n, drafts_then(x, final, n)])
+
+
+def drafts_then(drafts: mx.array, final: mx.array, n: mx.array) -> mx.array:
+    """A round's emitted tokens in fixed shape: drafts [K] up to n ([1]), then final [1] from n on -> [K+1]
+    (the first n + 1 are what the round emits)."""
+    return mx.where(mx.arange(drafts.shape[0] + 1) < n, mx.concatenate([drafts, final]), final)

@@ -30,6 +30,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, Rotating
 from engines.cache import RollbackError
 from engines.hidden import decoder
 from engines.patches import attention_mask, rope
+from engines.sampling import drafts_then
 
 
 def tree_depths(parents: list[int]) -> list[int]:
@@ -186,5 +187,4 @@ def accept_tree_on_device(tokens: mx.array, parents: mx.array, choices: mx.array
         return mx.concatenate([n, mx.take(choices, path)]), path
     final = mx.take(choices, mx.take(path, n))  # [1] the target's choice at the last accepted node
     nodes = mx.take(mx.concatenate([mx.zeros((1,), dtype=mx.int32), tokens]), path[1:])  # [depth]
-    emitted = mx.where(mx.arange(depth + 1) < n, mx.concatenate([nodes, final]), final)
-    return mx.concatenate([n, emitted]), path
+    return mx.concatenate([n, drafts_then(nodes, final, n)]), path

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from engines.forced import Force
 from engines.registry import get_engine
 from harness.bounds import (MAX_BLOCK, MAX_CONTEXT, MAX_COUNT, MAX_NEW_TOKENS, MAX_REPS, MAX_TEMPERATURE, MAX_WARMUP,
                             WEEK_S, check_block)
@@ -360,10 +361,9 @@ def canonical_cell(cfg) -> dict:
     execution = cfg.get("execution") or "eager"  # configs composed before the axis existed have none
     if cfg.method.get("label"):  # a name of the user's for this arm (two servers launched two ways)
         method["label"] = cfg.method.label
-    force = cfg.method.get("force")
-    if force is not None and (force.accepted is not None or force.rate is not None):  # only when set: ids stay
-        method["force"] = ({"accepted": force.accepted} if force.accepted is not None
-                           else {"rate": force.rate, "seed": force.seed})
+    force = Force.from_config(cfg.method.get("force"))
+    if force is not None:  # only when set: ids stay
+        method["force"] = force.describe()
     dispatch = {k: v for k, v in OmegaConf.to_container(cfg.dispatch).items() if v is not None}
     arch = OmegaConf.to_container(cfg.arch, resolve=True)
     if arch.get("gguf_dequantize", True):
