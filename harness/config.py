@@ -17,7 +17,6 @@ from typing import Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from engines.forced import Force
 from engines.registry import get_engine
 from harness.bounds import (MAX_BLOCK, MAX_CONTEXT, MAX_COUNT, MAX_NEW_TOKENS, MAX_REPS, MAX_TEMPERATURE, MAX_WARMUP,
                             WEEK_S, check_block)
@@ -361,6 +360,8 @@ def canonical_cell(cfg) -> dict:
     execution = cfg.get("execution") or "eager"  # configs composed before the axis existed have none
     if cfg.method.get("label"):  # a name of the user's for this arm (two servers launched two ways)
         method["label"] = cfg.method.label
+    from engines.forced import Force  # here, not at the top: harness.blas must select before mlx loads
+
     force = Force.from_config(cfg.method.get("force"))
     if force is not None:  # only when set: ids stay
         method["force"] = force.describe()
