@@ -1,11 +1,11 @@
 """Model specs, parsed in this one place for targets and drafters alike.
 
 A spec (`arch.model`, `method.drafter`) is `fixture:<name>` (built on first use, see
-fixtures.py), `scale:<preset>` (a random ~1B checkpoint built on first use, scale.py), a
-named real model that a package ships (`smollm2`, see NAMED), a GGUF file or a directory
-holding one (converted once into an mlx-lm checkpoint, gguf_import.py), or a local
-directory: a checkpoint dir with config.json + *.safetensors + tokenizer files, or a
-Hugging Face cache repo dir (models--org--name), whose newest snapshot is used. Nothing is
+fixtures.py), `scale:<preset>` (random weights of a real model's shape, built on first use
+with its drafters, scale.py), a named real model that a package ships (`smollm2`, see NAMED),
+a GGUF file or a directory holding one (converted once into an mlx-lm checkpoint,
+gguf_import.py), or a local directory: a checkpoint dir with config.json + *.safetensors +
+tokenizer files, or a Hugging Face cache repo dir (models--org--name), whose newest snapshot is used. Nothing is
 fetched from a hub: a missing path is an error, never a download.
 
 Two errors, two outcomes in a run (harness/run.py): a spec that names nothing loadable
@@ -158,25 +158,33 @@ def shipped_drafter(model: str, kind: str) -> Path | None:
 
 def resolve_drafter(cfg, kind: str) -> str:
     """The drafter directory for a drafting method: method.drafter, or the one shipped for the
-    named model, or the fixture's own."""
+    named model, or the fixture's or the scale preset's own (a preset's draft model is its
+    family's smaller preset)."""
     spec = cfg.method.drafter
     target = parse_spec(cfg.arch.model)
     shipped = shipped_drafter(cfg.arch.model, kind) if spec is None else None
     if shipped is not None:
         return str(shipped)
+    if kind == "draft_model" and spec is None and target.kind == "scale":  # the family's smaller preset
+        smaller = scale.draft_model_preset(target.name)
+        if smaller is None:
+            raise Unsupported(f"no draft model for arch.model={cfg.arch.model}: the preset has no smaller shape "
+                              f"of its family; pass method.drafter=scale:<preset> (one of "
+                              f"{', '.join(sorted(scale.PRESETS))}) or a small model sharing its tokenizer")
+        spec = f"scale:{smaller}"
     if kind == "draft_model":  # a whole language model: any spec arch.model takes
         if spec is None and target.kind != "fixture":
             raise Unsupported(f"no draft model for arch.model={cfg.arch.model}: pass method.drafter=<a small model "
                               "sharing its tokenizer> (checkpoint dir, GGUF file or packaged model name)")
         return str(resolve_model(spec or DEFAULT_FIXTURE_DRAFT_MODEL, cfg.arch.dtype, cfg.arch.gguf_dequantize,
                                  key="method.drafter"))
-    if spec is None and kind == "mtp":
+    if spec is None and kind == "mtp" and target.kind != "scale":
         model = cfg.arch.model
         if target.kind == "fixture":  # a quantized fixture keeps its MTP head in the original, as mlx-lm drops it
             model = "fixture:" + fixtures.original(target.name)[0]
         return str(resolve_model(model, cfg.arch.dtype, cfg.arch.gguf_dequantize))  # MTP weights live in the target checkpoint
-    if spec is None and target.kind == "scale" and kind == "dflash":
-        spec = cfg.arch.model  # the preset's random drafter, built beside it
+    if spec is None and target.kind == "scale":
+        spec = cfg.arch.model  # the preset's random drafter of this kind, built beside it
     if spec is None:
         if target.kind != "fixture":
             # A cell, not bad input: a sweep over methods records it and goes on.
@@ -185,9 +193,10 @@ def resolve_drafter(cfg, kind: str) -> str:
         spec = cfg.arch.model  # the fixture's own drafter
     drafter = parse_spec(spec)
     if drafter.kind == "scale":
-        if kind != "dflash":
-            raise ConfigError(f"method.drafter={spec}: scale presets come with a DFlash drafter only")
-        return str(scale.dflash_dir(resolve_model(spec)))
+        if kind not in scale.DRAFTER_KINDS:
+            raise ConfigError(f"method.drafter={spec}: scale presets come with {', '.join(scale.DRAFTER_KINDS)} "
+                              f"drafters, not {kind}")
+        return str(scale.drafter_dir(resolve_model(spec, key="method.drafter"), kind))
     if drafter.kind == "fixture":
         try:
             return str(fixtures.drafter_dir(kind, drafter.name))
