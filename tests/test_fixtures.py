@@ -86,18 +86,27 @@ def test_fixture_weights_are_finite_and_logits_have_clear_margins(models):
         assert mx.abs(logits).max().item() < 25
 
 
-def test_scale_presets_build_on_first_use_with_a_random_dflash_drafter(tmp_path, monkeypatch):
+def test_scale_presets_build_on_first_use_with_random_drafters_beside_and_again_when_their_build_changes(
+        tmp_path, monkeypatch):
     import json
 
     from harness.errors import ConfigError
+    from harness.models import scale
     from harness.models.resolve import resolve_model
-    from harness.models.scale import dflash_dir
 
     monkeypatch.setenv("SPEC_HARNESS_HOME", str(tmp_path))
     path = resolve_model("scale:llama-tiny")
     assert path == tmp_path / "scale" / "llama-tiny" and (path / "model.safetensors").exists()
-    drafter = json.loads((dflash_dir(path) / "config.json").read_text())
+    drafter = json.loads((scale.drafter_dir(path, "dflash") / "config.json").read_text())
     assert drafter["block_size"] == 8 and drafter["hidden_size"] == 128 and drafter["vocab_size"] == 1024
-    assert resolve_model("scale:llama-tiny") == path  # built once
+    for kind in scale.DRAFTER_KINDS:
+        assert (scale.drafter_dir(path, kind) / "model.safetensors").is_file(), kind
+    stamp = path / "scale.json"
+    built = stamp.stat().st_mtime_ns
+    assert resolve_model("scale:llama-tiny") == path and stamp.stat().st_mtime_ns == built  # built once
+    stamp.write_text(json.dumps({"preset": "llama-tiny", "build": "an older build"}))
+    assert resolve_model("scale:llama-tiny") == path
+    assert json.loads(stamp.read_text())["build"] == scale.build_hash("llama-tiny")  # rebuilt
+    assert not list((tmp_path / "scale").glob(".*building*"))
     with pytest.raises(ConfigError, match="llama-1b"):
         resolve_model("scale:nope")

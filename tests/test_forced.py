@@ -180,3 +180,18 @@ def test_forced_cells_have_their_own_ids_and_report_a_cost_curve(tmp_path):
     section = md.split("### Cost at a chosen acceptance")[1]
     assert "| draft_model |" in section and "Median |measured - predicted| / measured over 2 forced cells" in section
     assert (tmp_path / "speedup_vs_forced_tau.png").stat().st_size > 5000
+
+
+def test_every_drafting_method_runs_forced_on_a_scale_preset_with_drafters_of_its_shape(tmp_path):
+    from tests.test_cli import QUICK, harness, records
+
+    r = harness("-m", "arch=llama", "arch.model=scale:llama-tiny", "method=eagle3,dflash_a,draft_model,mtp",
+                "method.force.accepted=2", "method.block_size=4", *QUICK, f"out_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    recs = {rec["cell"]["method"]["name"]: rec for rec in records(tmp_path).values()}
+    assert sorted(recs) == ["dflash_a", "draft_model", "eagle3", "mtp"]
+    for name, rec in recs.items():
+        assert rec["status"] == "ok" and rec["forced"] == {"accepted": 2}, name
+        for item in rec["prompts"]:  # two drafts kept every round but the budget's last
+            assert item["accept_hist"][2] >= item["rounds"] - 1, name
+    assert recs["draft_model"]["engine"]["drafter_layers"] == 2  # llama-tiny-draft's, not the target's 4

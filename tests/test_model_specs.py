@@ -32,9 +32,32 @@ def test_a_real_target_without_a_drafter_is_an_unsupported_cell_not_bad_input(tm
         resolve_drafter(_cfg(str(tmp_path)), kind)
 
 
-def test_a_scale_preset_offers_a_dflash_drafter_only():
-    with pytest.raises(ConfigError, match="DFlash drafter only"):
-        resolve_drafter(_cfg("fixture:llama", "scale:llama-tiny"), "eagle3")
+def test_a_scale_preset_without_a_smaller_sibling_has_no_draft_model_and_says_so_before_building():
+    with pytest.raises(Unsupported, match="arch.model=scale:llama-1b: the preset has no smaller shape"):
+        resolve_drafter(_cfg("scale:llama-1b"), "draft_model")
+
+
+def test_each_scale_target_drafts_with_its_familys_smaller_shape():
+    from harness.models.scale import DRAFT_MODEL, PRESETS
+
+    for target, draft in DRAFT_MODEL.items():
+        t, d = PRESETS[target], PRESETS[draft]
+        assert d["model_type"] == t["model_type"] and d["hidden_size"] < t["hidden_size"], (target, draft)
+        assert abs(d["vocab_size"] - t["vocab_size"]) <= 128, (target, draft)  # one tokenizer (Qwen pads the 7B's)
+
+
+@pytest.mark.parametrize("preset", ["llama-1b", "llama-3b", "llama-8b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen35-1b"])
+def test_a_scale_presets_drafters_are_of_its_width_and_read_as_their_kind(preset):
+    from engines.dflash import DFlashConfig
+    from engines.eagle3 import Eagle3Config
+    from harness.models.scale import PRESETS, dflash_spec, eagle3_spec
+
+    spec = PRESETS[preset]
+    d = DFlashConfig.from_json(dflash_spec(preset), preset)
+    e = Eagle3Config.from_json(eagle3_spec(preset), preset)
+    assert d.hidden_size == e.hidden_size == e.target_hidden_size == spec["hidden_size"]
+    assert e.intermediate_size == spec["intermediate_size"] and e.num_key_value_heads == spec["num_key_value_heads"]
+    assert len(set(e.aux_layer_ids)) == 3 and max(e.aux_layer_ids) < spec["num_hidden_layers"]
 
 
 def test_an_unknown_fixture_drafter_lists_the_ones_there_are():
