@@ -25,9 +25,9 @@ from typing import ClassVar
 
 import mlx.core as mx
 
-from engines.deltanet import backend_path
-from engines.forced import Force
-from engines.target import Forward, Target, as_ids
+from engines.kernels.deltanet import backend_path
+from engines.runtime.forced import Force
+from engines.runtime.target import Forward, Target, as_ids
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Draft:
 
 
 # What a generation yields, in order: one Prefill, then one Round per verify (harness/loop.py's
-# generate for the harness's engines, engines/external.py's stamped_events for the others).
+# generate for the harness's engines, engines/arms/external.py's stamped_events for the others).
 
 @dataclass
 class Prefill:
@@ -130,19 +130,22 @@ class Engine:
     name: ClassVar[str] = ""  # the key engines/registry.py lists this class under
     knobs: ClassVar[tuple[str, ...]] = ()  # MethodConfig fields this method reads
     drafts: ClassVar[bool] = True  # False: every round is one decode step (the loop pipelines them)
-    external: ClassVar[bool] = False  # True: someone else's generation loop (engines/external.py)
+    external: ClassVar[bool] = False  # True: someone else's generation loop (engines/arms/external.py)
     incremental_verify: ClassVar[bool] = True  # False: verify is not the target's incremental one (re-prefill)
     verifies_full_block: ClassVar[bool] = False  # True: every round verifies K+1 tokens whatever it drafted
     scores: ClassVar[bool] = False  # True: an external arm that yields its own log-probabilities per token
     caps_drafts: ClassVar[bool] = False  # True: draft() stops at self.max_drafts, set by the loop each round
-    execution: ClassVar[str] = "eager"  # "static": rounds stay on the device (engines/device.py)
+    execution: ClassVar[str] = "eager"  # "static": rounds stay on the device (engines/methods/device.py)
 
     def __init__(self, target: Target, cfg):
         self.target, self.cfg = target, cfg
         self.prof = NullProfiler()
         self.sampler = None  # set by the loop before prefill (temperature, seeded streams)
         self.max_drafts: int | None = None  # set by the loop before each draft where caps_drafts
-        self.force = Force.from_config(getattr(cfg, "force", None))  # a chosen acceptance (engines/forced.py)
+        self.force = Force.from_config(getattr(cfg, "force", None))  # a chosen acceptance (engines/runtime/forced.py)
+        # tokens a full round feeds the verify (K + 1): method.block_size where the method takes one, 1 where it
+        # does not draft; a method whose block comes from elsewhere (its drafter, its tree) sets it in __init__
+        self.block: int = (getattr(cfg, "block_size", None) if "block_size" in self.knobs else None) or 1
 
     @classmethod
     def hidden_layers(cls, cfg, model) -> tuple[int, ...]:
@@ -190,7 +193,7 @@ class Engine:
         self.target.commit(n_accepted + 1)
 
     def use_prefix(self, prefix) -> None:
-        """Restore `prefix` (an engines/prefix.PrefixCache, or None) in every prefill of a prompt
+        """Restore `prefix` (an engines/runtime/prefix.PrefixCache, or None) in every prefill of a prompt
         that starts with it, in the target and in any drafter model with a cache of its own."""
         self.target.prefix = prefix
 

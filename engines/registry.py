@@ -11,29 +11,29 @@ from __future__ import annotations
 import importlib
 
 ENGINES = {
-    "base": "engines.autoregressive:Autoregressive",
-    "control": "engines.control:Control",
-    "dflash_a": "engines.dflash:DFlashA",
-    "dflash_c": "engines.dflash:DFlashC",
-    "dflash_zlab": "engines.external:DFlashZlab",
-    "draft_model": "engines.draft_model:DraftModel",
-    "eagle3": "engines.eagle3:Eagle3",
-    "mlx_lm": "engines.external:MlxLm",
-    "mlx_lm_spec": "engines.external:MlxLmSpec",
-    "mtp": "engines.mtp:MTP",
-    "ngram": "engines.ngram:Ngram",
-    "server": "engines.outside:ServerArm",
-    "subprocess": "engines.outside:SubprocessArm",
+    "base": "engines.methods.autoregressive:Autoregressive",
+    "control": "engines.methods.control:Control",
+    "dflash_a": "engines.methods.dflash:DFlashA",
+    "dflash_c": "engines.methods.dflash:DFlashC",
+    "dflash_zlab": "engines.arms.external:DFlashZlab",
+    "draft_model": "engines.methods.draft_model:DraftModel",
+    "eagle3": "engines.methods.eagle3:Eagle3",
+    "mlx_lm": "engines.arms.external:MlxLm",
+    "mlx_lm_spec": "engines.arms.external:MlxLmSpec",
+    "mtp": "engines.methods.mtp:MTP",
+    "ngram": "engines.methods.ngram:Ngram",
+    "server": "engines.arms.outside:ServerArm",
+    "subprocess": "engines.arms.outside:SubprocessArm",
 }
 
-# The same methods with rounds that stay on the device (engines/device.py), for execution=static.
+# The same methods with rounds that stay on the device (engines/methods/device.py), for execution=static.
 STATIC = {
-    "base": "engines.device:StaticBase",
-    "ngram": "engines.ngram:NgramStatic",
-    "draft_model": "engines.draft_model:DraftModelStatic",
-    "eagle3": "engines.eagle3:Eagle3Static",
-    "dflash_a": "engines.dflash:DFlashAStatic",
-    "mtp": "engines.mtp:MTPStatic",
+    "base": "engines.methods.device:StaticBase",
+    "ngram": "engines.methods.ngram:NgramStatic",
+    "draft_model": "engines.methods.draft_model:DraftModelStatic",
+    "eagle3": "engines.methods.eagle3:Eagle3Static",
+    "dflash_a": "engines.methods.dflash:DFlashAStatic",
+    "mtp": "engines.methods.mtp:MTPStatic",
 }
 
 ALIASES = {

@@ -15,9 +15,9 @@ import time
 import mlx.core as mx
 
 from engines.base import Engine
-from engines.cache import ROLLBACK_STRATEGIES
-from engines.sampling import Sampler
-from engines.target import Target
+from engines.runtime.cache import ROLLBACK_STRATEGIES
+from engines.runtime.sampling import Sampler
+from engines.runtime.target import Target
 from harness.bounds import nearest_at_or_above, positions_needed, verify_sizes
 from harness.generation import run_generation
 from harness.heartbeat import HEARTBEAT

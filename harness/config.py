@@ -39,7 +39,7 @@ class ArchConfig:
 
 @dataclass
 class ForceConfig:
-    # Forced acceptance (engines/forced.py): the round's accept decision replaced, all its work real.
+    # Forced acceptance (engines/runtime/forced.py): the round's accept decision replaced, all its work real.
     accepted: Optional[int] = None  # accept exactly min(n, K) drafts every round
     rate: Optional[float] = None  # or: accept each position with this probability given the one before
     seed: int = 0  # the rate's draws (keyed by output position: a cell replays the same counts)
@@ -60,7 +60,7 @@ class MethodConfig:
     total_tokens: int = 16  # eagle3: tree nodes kept for verification
     min_ngram: int = 1  # ngram: shortest suffix n-gram to match
     max_ngram: int = 3  # ngram: longest suffix n-gram to match (tried first)
-    command: Optional[str] = None  # subprocess: the engine's command line (engines/outside.py: the protocol)
+    command: Optional[str] = None  # subprocess: the engine's command line (engines/arms/outside.py: the protocol)
     startup_timeout_s: float = 300.0  # subprocess / server: how long it may take to be ready (healthy)
     request_timeout_s: float = 300.0  # subprocess / server: the longest a whole request may take
     url: Optional[str] = None  # server: http://host:port of an OpenAI-compatible server
@@ -103,13 +103,13 @@ class KVConfig:
 
 @dataclass
 class DispatchConfig:
-    # How target forwards reach a GPU (engines/dispatch.py); null = the device's default.
+    # How target forwards reach a GPU (engines/runtime/dispatch.py); null = the device's default.
     stage_every: Optional[int] = None  # queue the graph every N layers (default 0 = never: it did not pay on the H200)
     stable_attention: Optional[bool] = None  # multi-token attention over the cache's 256-key buffer, masked,
     #                                          so cuDNN plans per bucket, not per round (default: on under CUDA)
     small_m_gemm: Optional[bool] = None  # matmuls over 2-16 rows on the harness's tensor-core kernel
-    #                                      (engines/gemm.py; CUDA only; default: on under CUDA)
-    fuse_rounds: Optional[bool] = None  # execution=static: compile each round whole (engines/device.py)
+    #                                      (engines/kernels/gemm.py; CUDA only; default: on under CUDA)
+    fuse_rounds: Optional[bool] = None  # execution=static: compile each round whole (engines/methods/device.py)
 
 
 @dataclass
@@ -315,7 +315,8 @@ def _num(value) -> str:
 
 
 def _check_dispatch(d) -> None:
-    from engines.gemm import available as gemm_available  # a CUDA kernel module: loads MLX, which the schema does not
+    from engines.kernels.gemm import \
+        available as gemm_available  # a CUDA kernel module: loads MLX, which the schema does not
 
     if d.stage_every is not None and d.stage_every < 0:
         raise ConfigError(f"dispatch.stage_every={d.stage_every} is not valid; use null (the device's "
@@ -323,7 +324,7 @@ def _check_dispatch(d) -> None:
     if d.stage_every is not None:
         check_range("dispatch.stage_every", d.stage_every, 0, MAX_COUNT, "layers")
     if d.small_m_gemm and not gemm_available():  # the check Target makes, before any model loads
-        raise ConfigError("dispatch.small_m_gemm=true needs MLX's CUDA backend (engines/gemm.py is a CUDA kernel); "
+        raise ConfigError("dispatch.small_m_gemm=true needs MLX's CUDA backend (engines/kernels/gemm.py is a CUDA kernel); "
                           "leave it null or false on this machine")
 
 
@@ -360,7 +361,7 @@ def canonical_cell(cfg) -> dict:
     execution = cfg.get("execution") or "eager"  # configs composed before the axis existed have none
     if cfg.method.get("label"):  # a name of the user's for this arm (two servers launched two ways)
         method["label"] = cfg.method.label
-    from engines.forced import Force  # here, not at the top: harness.blas must select before mlx loads
+    from engines.runtime.forced import Force  # here, not at the top: harness.blas must select before mlx loads
 
     force = Force.from_config(cfg.method.get("force"))
     if force is not None:  # only when set: ids stay

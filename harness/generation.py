@@ -2,7 +2,7 @@
 record fields it gives: per-round columns, time to first token, per-rep timings.
 
 The loop (harness/loop.py) yields events and reads the per-round clocks (an outside arm's
-events carry its tokens' arrival times: engines/external.py); run_generation gathers them into
+events carry its tokens' arrival times: engines/arms/external.py); run_generation gathers them into
 a Generation, ends its decode time at the last token's arrival, keeps how long the generator
 went on after it (`tail_s`), checks the generation reached its budget or a stop token, and
 reads memory and cache sizes after the clock stops.
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from engines.arms.external import ArmReportError
 from engines.base import Engine, Prefill, Round
-from engines.cache import cache_nbytes
-from engines.external import ArmReportError
-from engines.sampling import Sampler
+from engines.runtime.cache import cache_nbytes
+from engines.runtime.sampling import Sampler
 from harness.heartbeat import HEARTBEAT
 from harness.loop import generate
 

@@ -25,10 +25,9 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
 from engines.base import Draft, Engine, NullProfiler, Prefill, Round
-from engines.forced import accept_forced
-from engines.sampling import Sampler, accept_deterministic, accept_speculative
-from engines.tree import accept_tree_greedy, tree_depths
-
+from engines.runtime.forced import accept_forced
+from engines.runtime.sampling import Sampler, accept_deterministic, accept_speculative
+from engines.runtime.tree import accept_tree_greedy, tree_depths
 
 STREAM = generation_stream
 
@@ -130,7 +129,7 @@ def _pipelined(engine: Engine, token: mx.array, t0: float, max_new_tokens: int, 
 
 
 def _on_device(engine, prompt: list[int], max_new_tokens: int, stop_tokens: frozenset[int]) -> Iterator[Prefill | Round]:
-    # engines/device.py: each round is queued before the previous one is read, so the device never
+    # engines/methods/device.py: each round is queued before the previous one is read, so the device never
     # waits for Python; a round's one host read is its outcome [n, K + 1 tokens]. Rounds queued past
     # the budget or a stop token are read never: their tokens are discarded with the engine's state.
     t0 = time.perf_counter()

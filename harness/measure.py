@@ -42,8 +42,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from engines.base import Engine
-from engines.prefix import PrefixStore
-from engines.sampling import Sampler
+from engines.runtime.prefix import PrefixStore
+from engines.runtime.sampling import Sampler
 from harness import context as contexts
 from harness.bounds import fit_prompt, verify_sizes
 from harness.calibrate import calibrate, compare_rollbacks, context_scaling
@@ -219,7 +219,7 @@ class CellRun:
         return {**out, "context": self.cell_context}
 
 
-PREFIXES = PrefixStore()  # one prefix's snapshots kept across the cells of a sweep (engines/prefix.py)
+PREFIXES = PrefixStore()  # one prefix's snapshots kept across the cells of a sweep (engines/runtime/prefix.py)
 
 
 class WallClock:
@@ -247,7 +247,7 @@ KEY_BUCKET = KVCache.step  # mlx-lm grows a cache's buffer this many keys at a t
 
 def key_bucket(keys: int) -> int:
     """Which of mlx-lm's cache buffer sizes `keys` keys fall in: attention plans (cuDNN on CUDA,
-    engines/dispatch.py's shape-stable attention) are made per buffer size."""
+    engines/runtime/dispatch.py's shape-stable attention) are made per buffer size."""
     return -(-keys // KEY_BUCKET)
 
 

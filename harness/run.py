@@ -21,15 +21,17 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from engines.drafters import drafter_kind
 from engines.errors import DrafterError, Unsupported
-from engines.dispatch import dispatch_defaults
-from engines.hidden import text_model
 from engines.home import home
 from engines.registry import STATIC, get_engine
-from harness.config import arm_of, canonical_cell, validate
-from harness.env import STREAM_PROBE, LoadMeter, blas_warning, environment, stream_rate
+from engines.runtime.dispatch import dispatch_defaults
+from engines.runtime.hidden import text_model
 from harness import blas
+from harness.config import arm_of, canonical_cell, validate
 from harness.context import source_file
+from harness.device_lock import LockTimeout, device_lock
+from harness.env import STREAM_PROBE, LoadMeter, blas_warning, environment, stream_rate
 from harness.errors import ConfigError
 from harness.faults import Fault, os_error_line
 from harness.identity import cell_inputs, stale
@@ -39,7 +41,6 @@ from harness.models.load import check_shared_tokenizer, has_moe, load_target, mo
 from harness.models.resolve import resolve_drafter, resolve_model
 from harness.progress import PROGRESS
 from harness.prompts import load_suite, suite_sources
-from harness.device_lock import LockTimeout, device_lock
 from harness.records import SCHEMA_VERSION, cell_id, multirun_id, read_record, write_record
 
 # What `python -m harness` exits with. A sweep exits 3 when any cell errored (after running the
@@ -301,9 +302,9 @@ def decode_ceiling(model) -> dict:
 
 
 def _outside_footing() -> None:
-    """Tell engines/outside.py what this process computes on and what its children are given, so an
+    """Tell engines/arms/outside.py what this process computes on and what its children are given, so an
     engine the cell starts multiplies on the harness's BLAS (engines import nothing from the harness)."""
-    from engines import outside
+    from engines.arms import outside
 
     outside.FOOTING = outside.Footing(environ=blas.child_env, given=blas.child_blas(),
                                       library=environment().get("blas"), kind_of=blas.kind_of,
@@ -322,7 +323,7 @@ def _build_arms(model, tokenizer, cfg) -> Arms:
         if execution == "static" and cls.execution != "static" and not cls.external:
             raise Unsupported(f"{cls.name} has no device-resident engine yet (execution=static covers "
                               f"{', '.join(sorted(STATIC))}); run it with execution=eager")
-        if "drafter" in cls.knobs and cls.drafter_kind == "draft_model":
+        if "drafter" in cls.knobs and drafter_kind(cls.drafter_kind).found == "model":  # a whole LM: its tokenizer
             check_shared_tokenizer(tokenizer, Path(method_cfg.drafter))
         # its own Target, built to keep the hidden layers its drafter reads (cls.hidden_layers)
         eng = cls.build(model, method_cfg, kv=cfg.kv.name, rollback=strategy, kv_group_size=cfg.kv.group_size,
@@ -339,7 +340,7 @@ def _build_arms(model, tokenizer, cfg) -> Arms:
         method = engine(cfg.method.name)
     except DrafterError as e:
         raise ConfigError(f"{e} (method.drafter={cfg.method.drafter})") from None
-    block = getattr(method, "block", None) or (cfg.method.block_size if "block_size" in method.knobs else 1)
+    block = method.block  # declared by every engine (engines/base.py)
     ref_name, ref_execution = arm_of(cfg.reference, cfg.execution)
     reference = also = None
     try:

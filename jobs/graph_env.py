@@ -37,8 +37,8 @@ import mlx.nn as nn  # noqa: E402
 from mlx_lm.models import llama  # noqa: E402
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache  # noqa: E402
 
-import engines.dispatch as dispatch_module  # noqa: E402
-from engines.target import Target  # noqa: E402
+import engines.runtime.dispatch as dispatch_module  # noqa: E402
+from engines.runtime.target import Target  # noqa: E402
 from harness.errors import ConfigError  # noqa: E402
 from harness.faults import guarded  # noqa: E402
 from harness.models.fixtures import FIXTURES  # noqa: E402
@@ -168,7 +168,7 @@ def drafter_rounds(model, vocab: int, context: int, n: int, methods: list[str], 
     target weights a drafter is rarely right, so nearly every round verifies its whole draft and
     keeps one token: the costs of a full draft, not of this target's real acceptance."""
     from engines.registry import get_engine
-    from engines.sampling import Sampler
+    from engines.runtime.sampling import Sampler
     from harness.loop import Round, generate
     from harness.models import fixtures
 

@@ -4,10 +4,10 @@ shape (random weights), then the attention alone with and without a mask over th
     python jobs/static_parts_probe.py [--tiny] [--context 150] [--steps 100] [--out FILE]
 
 Step arms, each a loop of `steps` one-token forwards with an eval per step (as decoding pays):
-  eager           engines.target.Target (mlx-lm's KVCache: keys up to the position, no mask array)
+  eager           engines.runtime.target.Target (mlx-lm's KVCache: keys up to the position, no mask array)
   static_eager    StaticTarget's uncompiled function (the buffer's capacity of keys, a mask array)
   static_compiled StaticTarget.forward (the same, compiled)
-(on CUDA both static arms attend on engines/live_attention.py's kernel: `attention` names which ran)
+(on CUDA both static arms attend on engines/kernels/live_attention.py's kernel: `attention` names which ran)
 Attention arms (30 layers' worth in one graph, SmolLM2's heads): sdpa over the live keys without a
 mask, over the whole buffer with a boolean mask, and with an additive one, and (CUDA) the live-length
 kernel over the whole buffer. One JSON line.
@@ -27,9 +27,9 @@ blas.select()
 
 import mlx.core as mx  # noqa: E402
 
-from engines import live_attention as la  # noqa: E402
-from engines.static import StaticTarget, static_layout  # noqa: E402
-from engines.target import Target  # noqa: E402
+from engines.kernels import live_attention as la  # noqa: E402
+from engines.runtime.static import StaticTarget, static_layout  # noqa: E402
+from engines.runtime.target import Target  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from graph_env import SMOLLM2, TINY, build  # noqa: E402

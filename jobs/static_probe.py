@@ -23,12 +23,12 @@ blas.select()
 
 import mlx.core as mx  # noqa: E402
 
-from engines.autoregressive import Autoregressive  # noqa: E402
-from engines.device import StaticBase  # noqa: E402
-from engines.external import MlxLm  # noqa: E402
-from engines.sampling import Sampler  # noqa: E402
-from engines.static import StaticTarget, static_layout  # noqa: E402
-from engines.target import Target  # noqa: E402
+from engines.arms.external import MlxLm  # noqa: E402
+from engines.methods.autoregressive import Autoregressive  # noqa: E402
+from engines.methods.device import StaticBase  # noqa: E402
+from engines.runtime.sampling import Sampler  # noqa: E402
+from engines.runtime.static import StaticTarget, static_layout  # noqa: E402
+from engines.runtime.target import Target  # noqa: E402
 from harness.config import MethodConfig  # noqa: E402
 from harness.errors import ConfigError  # noqa: E402
 from harness.faults import guarded  # noqa: E402
@@ -108,8 +108,8 @@ def drafter_dir(cfg: dict, dtype, where: Path) -> Path:
 def round_costs(model, prompt: list[int], tokens: int, reps: int, drafter: Path) -> dict:
     """ms per round of n-gram (K=3) and a draft model (K=3), eager and static (random weights: rounds
     accept next to nothing, so this is what a round costs, not what it gains), medians over reps."""
-    from engines.draft_model import DraftModel, DraftModelStatic
-    from engines.ngram import Ngram, NgramStatic
+    from engines.methods.draft_model import DraftModel, DraftModelStatic
+    from engines.methods.ngram import Ngram, NgramStatic
 
     sampler = Sampler(0.0, 0)
     kinds = {"ngram": (Ngram, NgramStatic, MethodConfig(name="ngram", block_size=4)),

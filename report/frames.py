@@ -137,10 +137,10 @@ def _keys(rec: dict, labels: dict[str, tuple[str, str]]) -> dict:
         method += f" vs {cell['reference']}"  # paired against another method, not base
     if cell.get("dispatch"):  # set on the command line: cells that differ only in it must not look alike
         method += " [" + ", ".join(f"{k}={v}" for k, v in sorted(cell["dispatch"].items())) + "]"
-    if cell.get("execution") not in (None, "eager"):  # rounds that stay on the device (engines/device.py)
+    if cell.get("execution") not in (None, "eager"):  # rounds that stay on the device (engines/methods/device.py)
         method += f" [{cell['execution']}]"
     forced = _forced_setting(rec)
-    if forced:  # a chosen acceptance (engines/forced.py): not the drafter's
+    if forced:  # a chosen acceptance (engines/runtime/forced.py): not the drafter's
         method += f" [forced {forced}]"
     if bench:
         method += f" ({bench})"
@@ -191,7 +191,7 @@ def cell_row(path, rec: dict, labels) -> dict:
 
 
 def _forced_setting(rec: dict) -> str | None:
-    # "3 a round" / "rate 0.7": what a forced cell was told to accept (engines/forced.py); None where not forced.
+    # "3 a round" / "rate 0.7": what a forced cell was told to accept (engines/runtime/forced.py); None where not forced.
     force = rec["cell"]["method"].get("force")
     if not isinstance(force, dict) or not force:
         return None

@@ -412,7 +412,7 @@ def temperature_table(ax: pd.DataFrame) -> str:
 
 
 def forced_table(df: pd.DataFrame) -> str:
-    """Forced-acceptance cells (engines/forced.py), per method in order of tau: the measured speedup
+    """Forced-acceptance cells (engines/runtime/forced.py), per method in order of tau: the measured speedup
     [95% CI: reps] beside the speedup model's prediction at the same tau, their gap, and the
     break-even tau; then the median gap over all of them."""
     sub = df[(df["status"] == "ok") & df["forced"].astype(bool)]

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # Modules whose tests `python -m pytest -m cuda` selects (pyproject's marker): losslessness of every
 # engine and rollback, and the CUDA kernels' own tests. Engines take the device's dispatch defaults
-# (engines/dispatch.py), so on the GPU machine these run the CUDA-only paths.
+# (engines/runtime/dispatch.py), so on the GPU machine these run the CUDA-only paths.
 CUDA_MODULES = {"test_lossless", "test_dflash", "test_eagle3", "test_mtp", "test_rollback", "test_quantized",
                 "test_sampling", "test_gemm", "test_deltanet_cuda", "test_dispatch", "test_first_token",
                 "test_round_accounting"}

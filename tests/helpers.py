@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import random
 
-from engines.autoregressive import Autoregressive
 from engines.base import Draft, Engine
-from engines.sampling import Sampler
-from engines.target import Target
+from engines.methods.autoregressive import Autoregressive
+from engines.runtime.sampling import Sampler
+from engines.runtime.target import Target
 from harness.generation import run_generation
 from tests.conftest import engine_cfg
 

@@ -10,8 +10,8 @@ one (0.1 s, plus the delay when first) so the check is exact, not at the mercy o
 
 import pytest
 
-from engines.autoregressive import Autoregressive
-from engines.target import Target
+from engines.methods.autoregressive import Autoregressive
+from engines.runtime.target import Target
 from harness import measure
 from harness.config import BenchConfig
 from harness.measure import Arms, measure_cell

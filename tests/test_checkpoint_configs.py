@@ -13,17 +13,19 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models import llama
 
-from engines.checkpoint import BOOKKEEPING, INERT_DEFAULTS
-from engines.dflash import DFlashA, load_drafter
-from engines.eagle3 import Eagle3, load_eagle3
+from engines.drafters.dflash import load_drafter
+from engines.drafters.eagle3 import load_eagle3
 from engines.errors import DrafterError
+from engines.methods.dflash import DFlashA
+from engines.methods.eagle3 import Eagle3
+from engines.runtime.checkpoint import BOOKKEEPING, INERT_DEFAULTS
 from harness.errors import TargetError
 from harness.models import fixtures
 from harness.models.fixtures import cast_model
 from harness.models.load import load_target
+from tests.conftest import engine_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_layouts import _dflash_layer_shapes, _eagle_layer_shapes, _random, _write
-from tests.conftest import engine_cfg
 
 H, V, HEADS, KV, HD, I = 128, 1024, 4, 2, 32, 256  # the llama fixture's widths
 DRAFT_V = 512

@@ -68,8 +68,8 @@ def test_the_context_sits_between_the_system_turn_and_the_prompt_unchanged(model
 
 
 def test_the_context_prefix_is_the_same_token_ids_for_both_arms_and_every_rep(models, tmp_path, monkeypatch):
-    from engines.ngram import Ngram
-    from engines.target import Target
+    from engines.methods.ngram import Ngram
+    from engines.runtime.target import Target
 
     model, tok = models["llama"]
     seen = []  # (engine, prompt ids) of every generation the cell runs

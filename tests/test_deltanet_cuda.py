@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models import gated_delta as gd
 
-from engines import deltanet
+from engines.kernels import deltanet
 
 pytestmark = pytest.mark.skipif(not mx.cuda.is_available(), reason="the fused recurrence is CUDA-only")
 

@@ -6,9 +6,10 @@ import shutil
 import mlx.core as mx
 import pytest
 
-from engines.dflash import DFlashA, DFlashC, DFlashConfig, DFlashDrafter, load_drafter, save_drafter
+from engines.drafters.dflash import DFlashConfig, DFlashDrafter, load_drafter, save_drafter
 from engines.errors import DrafterError
-from engines.target import Target
+from engines.methods.dflash import DFlashA, DFlashC
+from engines.runtime.target import Target
 from harness.models import fixtures
 from tests.conftest import ARCHS, engine_cfg
 from tests.helpers import base_engine, generate_ids
@@ -106,7 +107,7 @@ def test_bad_drafters_give_one_line_errors(models, tmp_path, case, config_edit, 
 
 
 def test_option_a_verify_work_stays_flat_while_option_c_grows_with_context(models):
-    from engines.sampling import Sampler
+    from engines.runtime.sampling import Sampler
     from harness.calibrate import context_scaling
 
     model, tok = models["llama"]

@@ -1,19 +1,19 @@
-"""Staged dispatch and shape-stable attention (engines/dispatch.py), forced on on the CPU:
+"""Staged dispatch and shape-stable attention (engines/runtime/dispatch.py), forced on on the CPU:
 they change how work reaches the device, never what is computed."""
 
 
 import mlx.core as mx
 import pytest
 
-import engines.dispatch as dispatch
-from engines.autoregressive import Autoregressive
-from engines.dflash import DFlashA
-from engines.eagle3 import Eagle3
-from engines.dispatch import attention_modules
-from engines.hidden import decoder
-from engines.mtp import MTP
-from engines.ngram import Ngram
-from engines.target import Target
+import engines.runtime.dispatch as dispatch
+from engines.methods.autoregressive import Autoregressive
+from engines.methods.dflash import DFlashA
+from engines.methods.eagle3 import Eagle3
+from engines.methods.mtp import MTP
+from engines.methods.ngram import Ngram
+from engines.runtime.dispatch import attention_modules
+from engines.runtime.hidden import decoder
+from engines.runtime.target import Target
 from harness.models import fixtures
 from tests.conftest import engine_cfg, method_cfg
 from tests.helpers import base_engine, generate_ids
@@ -39,13 +39,13 @@ def test_stable_attention_and_small_m_gemm_are_the_default_under_cuda_only_and_s
     monkeypatch.setattr(mx, "default_device", lambda: mx.Device(getattr(mx, device)))
     monkeypatch.setattr(mx.cuda, "is_available", lambda: cuda_build)
     assert dispatch.dispatch_defaults() == {"stage_every": 0, "stable_attention": on, "small_m_gemm": on,
-                                            "fuse_rounds": False}  # off until measured to pay (engines/device.py)
+                                            "fuse_rounds": False}  # off until measured to pay (engines/methods/device.py)
 
 
 def test_a_target_takes_the_devices_defaults_unless_told_otherwise(models, monkeypatch):
-    import engines.target
+    import engines.runtime.target
 
-    monkeypatch.setattr(engines.target, "dispatch_defaults",
+    monkeypatch.setattr(engines.runtime.target, "dispatch_defaults",
                         lambda: {"stage_every": 3, "stable_attention": True, "small_m_gemm": False})
     model = models["llama"][0]
     t = Target(model)

@@ -5,9 +5,9 @@ import mlx.core as mx
 import pandas as pd
 import pytest
 
-from engines.autoregressive import Autoregressive
-from engines.ngram import Ngram
-from engines.target import Target
+from engines.methods.autoregressive import Autoregressive
+from engines.methods.ngram import Ngram
+from engines.runtime.target import Target
 from harness.config import BenchConfig
 from harness.measure import Arms, measure_cell
 from harness.prompts import encode_turn

@@ -12,10 +12,10 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from engines.draft_model import DraftModel
+from engines.arms.external import MlxLmSpec
 from engines.errors import DrafterError, Unsupported
-from engines.external import MlxLmSpec
-from engines.target import Target
+from engines.methods.draft_model import DraftModel
+from engines.runtime.target import Target
 from harness.models.fixtures import fixture_dir
 from tests.conftest import ARCHS, engine_cfg
 from tests.helpers import base_engine, generate_ids
@@ -188,9 +188,9 @@ def test_the_cli_refuses_a_renumbered_draft_model_in_one_line_for_both_arms(tmp_
 def test_tokens_that_arrive_with_the_first_are_not_decode_tokens():
     # An outside loop's first step is a whole round (mlx-lm's speculative loop): its time is in
     # the time to first token, so counting its tokens as decoded would raise that arm's tok/s.
-    from engines.external import External, stamped_events
+    from engines.arms.external import External, stamped_events
+    from engines.runtime.sampling import Sampler
     from harness.generation import run_generation
-    from engines.sampling import Sampler
 
     class Burst(External):
         name = "burst"

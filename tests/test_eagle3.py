@@ -8,10 +8,11 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-from engines.eagle3 import Eagle3, load_eagle3
+from engines.drafters.eagle3 import load_eagle3
 from engines.errors import DrafterError
-from engines.target import Target
-from engines.tree import _tree_mask_fn, accept_tree_greedy, depths_and_ancestors
+from engines.methods.eagle3 import Eagle3
+from engines.runtime.target import Target
+from engines.runtime.tree import _tree_mask_fn, accept_tree_greedy, depths_and_ancestors
 from harness.models import fixtures
 from tests.conftest import ARCHS, engine_cfg
 from tests.helpers import base_engine, generate_ids
@@ -102,7 +103,8 @@ def test_eagle3_greedy_output_is_identical_to_base(models, arch):
 
 
 def test_trees_are_laid_out_best_child_first_so_the_likely_path_needs_no_cache_moves(models, monkeypatch):
-    from engines.eagle3 import _Node
+    from engines.methods.eagle3 import _Node
+
     #  root -> a (0.9) -> c (0.5), d (0.7); root -> b (0.8) -> e (0.6)
     nodes = [_Node(-1, 0.8, 1), _Node(-1, 0.9, 1), _Node(1, 0.5, 2), _Node(1, 0.7, 2), _Node(0, 0.6, 2)]
     assert Eagle3._best_first(nodes, [0, 1, 2, 3, 4]) == [1, 3, 2, 0, 4]  # depth first, best sibling first
@@ -174,7 +176,7 @@ def test_bad_eagle3_drafters_give_one_line_errors(models, tmp_path, edit, messag
 
 
 def test_default_aux_layers_follow_the_reference():
-    from engines.eagle3 import default_aux_layers
+    from engines.drafters.eagle3 import default_aux_layers
     assert default_aux_layers(32) == (2, 16, 29)
 
 

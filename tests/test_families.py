@@ -10,11 +10,13 @@ import mlx_lm
 import pytest
 from mlx.utils import tree_flatten
 
-from engines.dflash import DFlashA, DFlashConfig, DFlashDrafter, save_drafter
-from engines.eagle3 import Eagle3, Eagle3Config, Eagle3Drafter, save_eagle3
-from engines.hidden import decoder, hidden_size, num_layers
-from engines.ngram import Ngram
-from engines.target import Target
+from engines.drafters.dflash import DFlashConfig, DFlashDrafter, save_drafter
+from engines.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
+from engines.methods.dflash import DFlashA
+from engines.methods.eagle3 import Eagle3
+from engines.methods.ngram import Ngram
+from engines.runtime.hidden import decoder, hidden_size, num_layers
+from engines.runtime.target import Target
 from harness.models import fixtures
 from harness.models.fixtures import cast_model
 from tests.conftest import engine_cfg, method_cfg

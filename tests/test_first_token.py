@@ -8,12 +8,12 @@ the first token's time, and the profile splits that time into prefill and prepar
 import pytest
 
 from engines.base import Prefill
-from engines.dflash import DFlashA
-from engines.eagle3 import Eagle3
-from engines.mtp import MTP
-from engines.sampling import Sampler
-from harness.loop import generate
+from engines.methods.dflash import DFlashA
+from engines.methods.eagle3 import Eagle3
+from engines.methods.mtp import MTP
+from engines.runtime.sampling import Sampler
 from harness.generation import run_generation
+from harness.loop import generate
 from harness.models import fixtures
 from harness.prompts import encode_turn
 from tests.conftest import builtin_prompts

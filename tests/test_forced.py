@@ -1,4 +1,4 @@
-"""Forced acceptance (engines/forced.py, method.force): every round does its real work, the count it
+"""Forced acceptance (engines/runtime/forced.py, method.force): every round does its real work, the count it
 accepts is the setting's, and what it leaves in the caches is what its emitted tokens would leave.
 
 A fixed count is followed exactly by every drafting method, eagerly and on the device; a rate gives
@@ -14,11 +14,11 @@ import math
 import mlx.core as mx
 import pytest
 
-from engines.forced import Force, accept_forced
 from engines.registry import STATIC, get_engine
-from engines.sampling import Sampler
-from engines.target import Target
-from engines.tree import accept_tree_on_device
+from engines.runtime.forced import Force, accept_forced
+from engines.runtime.sampling import Sampler
+from engines.runtime.target import Target
+from engines.runtime.tree import accept_tree_on_device
 from harness.loop import Round, generate
 from tests.test_static import PROMPTS, _cfg
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from engines.dflash import DFlashConfig, load_drafter
-from engines.eagle3 import LAYER_KEYS, load_eagle3
+from engines.drafters.dflash import DFlashConfig, load_drafter
+from engines.drafters.eagle3 import LAYER_KEYS, load_eagle3
+from engines.drafters.mtp import load_mtp
 from engines.errors import DrafterError
-from engines.mtp import load_mtp
 from harness.errors import TargetError
 from harness.models import fixtures
 from harness.models.load import load_target

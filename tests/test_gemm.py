@@ -1,17 +1,17 @@
-"""The few-row matmul kernel (engines/gemm.py): which nn.Linear calls reach it, that it is
+"""The few-row matmul kernel (engines/kernels/gemm.py): which nn.Linear calls reach it, that it is
 refused where it cannot run, and (CUDA only) that it computes what mx.matmul does."""
 
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from engines import gemm
-from engines.gemm import grouped_matmul, small_m_linears, small_m_matmul
-from engines.target import Target
+from engines.kernels import gemm
+from engines.kernels.gemm import grouped_matmul, small_m_linears, small_m_matmul
+from engines.runtime.target import Target
 from harness.config import validate
 from harness.errors import ConfigError
-from tests.test_config import cfg
 from tests.conftest import engine_cfg
+from tests.test_config import cfg
 
 CUDA = gemm.available()
 
@@ -157,9 +157,9 @@ def test_linears_that_read_one_input_in_turn_are_learned_then_launched_as_one(mo
 
 def _engines(model, arch):
     
-    from engines.dflash import DFlashA
-    from engines.eagle3 import Eagle3
-    from engines.mtp import MTP
+    from engines.methods.dflash import DFlashA
+    from engines.methods.eagle3 import Eagle3
+    from engines.methods.mtp import MTP
     from harness.models import fixtures
     from tests.test_eagle3 import eagle_cfg
     from tests.test_mtp import mtp_cfg
@@ -183,7 +183,7 @@ def test_drafting_engines_send_their_verify_and_draft_matmuls_to_the_kernel_and_
     ids = tok.encode("def add(a, b):")
     calls = {"verify": 0, "draft": 0, "grouped verify": 0, "grouped draft": 0}
     phase = ["draft"]
-    monkeypatch.setattr("engines.target.gemm_available", lambda: True)
+    monkeypatch.setattr("engines.runtime.target.gemm_available", lambda: True)
     monkeypatch.setattr(gemm, "takes", lambda rows, w, dtype: 2 <= rows <= gemm.MAX_ROWS)
 
     def matmul(x, w):

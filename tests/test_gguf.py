@@ -21,9 +21,9 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
 
-from engines.dflash import DFlashA  # noqa: E402
-from engines.ngram import Ngram  # noqa: E402
-from engines.target import Target  # noqa: E402
+from engines.methods.dflash import DFlashA  # noqa: E402
+from engines.methods.ngram import Ngram  # noqa: E402
+from engines.runtime.target import Target  # noqa: E402
 from harness.errors import ConfigError  # noqa: E402
 from harness.models import fixtures, gguf_import, packaged, resolve  # noqa: E402
 from harness.models.fixtures import cast_model  # noqa: E402

@@ -241,6 +241,28 @@ def test_moved_model_modules_stay_moved_with_no_shim_and_no_caller_by_the_old_na
     assert not old, f"old module names, moved into harness/models/: {old}"
 
 
+# engines/ grouped by role (issue 53): methods/, drafters/, runtime/, kernels/, arms/. A module's old flat
+# name must not come back, as a file or in a caller (docs/benchmarks/ keep the names their records ran with).
+ENGINE_GROUPS = ("methods", "drafters", "runtime", "kernels", "arms")
+FLAT_ENGINES = re.compile(r"(?<![\w./])engines[./](autoregressive|control|ngram|draft_model|mtp|dflash|eagle3|device|"
+                          r"target|cache|static|prefix|hidden|tree|sampling|forced|dispatch|checkpoint|shared_weights|"
+                          r"patches|torch_bin|gemm|live_attention|deltanet|external|outside)\b"
+                          r"|from engines import [^\n]*\b(target|cache|static|gemm|live_attention|deltanet|outside|patches|"
+                          r"shared_weights)\b")
+
+
+def test_engines_stay_grouped_by_role_with_no_module_or_caller_by_a_flat_name():
+    flat = sorted(p.name for p in (REPO / "engines").glob("*.py"))
+    assert flat == ["__init__.py", "base.py", "errors.py", "home.py", "registry.py"], (
+        f"engines/ keeps only the protocol, the registry, errors and home at its top; put {flat} in one of "
+        f"{ENGINE_GROUPS} (docs/layout.md)")
+    files = [p for d in SCANNED for p in (REPO / d).rglob("*") if p.suffix in (".py", ".sh", ".md", ".yaml")
+             and "benchmarks" not in p.relative_to(REPO).parts]
+    files += [p for p in REPO.glob("*") if p.suffix in (".md", ".toml", ".txt")]
+    old = [f"{p.relative_to(REPO)}:{n}" for p in sorted(files) if p != Path(__file__).resolve()
+           for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if FLAT_ENGINES.search(line)]
+    assert not old, f"flat engines/ names (now engines/<role>/<module>): {old}"
+
 def test_the_old_spelling_check_catches_each_kind_of_old_name(tmp_path):
     lines = ["from harness.fixtures import fixture_dir", "from harness import packaged", "import harness.scale",
              "python -m harness.scale llama-1b /tmp/x", "from harness.models import load_target, resolve_model",

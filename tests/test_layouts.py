@@ -13,15 +13,17 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from engines.dflash import DFlashA, load_drafter
-from engines.eagle3 import Eagle3, load_eagle3
+from engines.drafters.dflash import load_drafter
+from engines.drafters.eagle3 import load_eagle3
 from engines.errors import DrafterError
-from engines.patches import zlab_snapshot_download
-from engines.torch_bin import read_torch_bin
+from engines.methods.dflash import DFlashA
+from engines.methods.eagle3 import Eagle3
+from engines.runtime.patches import zlab_snapshot_download
+from engines.runtime.torch_bin import read_torch_bin
 from harness.models import fixtures
+from tests.conftest import engine_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_lossless import _units
-from tests.conftest import engine_cfg
 
 H, V, HEADS, KV, HD, I, LAYERS = 128, 1024, 4, 2, 32, 256, 4  # the llama fixture target
 

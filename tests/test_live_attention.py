@@ -10,12 +10,12 @@ base decodes base's tokens with it.
 import mlx.core as mx
 import pytest
 
-from engines import live_attention as la
-from engines.device import StaticBase
-from engines.sampling import Sampler
+from engines.kernels import live_attention as la
+from engines.methods.device import StaticBase
+from engines.runtime.sampling import Sampler
 from harness.config import MethodConfig
 from harness.generation import run_generation
-from tests.helpers import generate_ids, base_engine
+from tests.helpers import base_engine, generate_ids
 
 cuda = pytest.mark.skipif(not la.kernel_available(), reason="the live-length kernel is CUDA-only")
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from engines.cache import ROLLBACK_STRATEGIES
-from engines.ngram import Ngram
-from engines.target import Target
+from engines.methods.ngram import Ngram
+from engines.runtime.cache import ROLLBACK_STRATEGIES
+from engines.runtime.target import Target
 from harness.prompts import encode_turn
 from tests.conftest import ARCHS, builtin_prompts, method_cfg
 from tests.helpers import Oracle, base_engine, generate_ids

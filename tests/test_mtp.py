@@ -7,15 +7,16 @@ import pytest
 from mlx.utils import tree_flatten
 
 import harness.loop as loop
-from engines.cache import ROLLBACK_STRATEGIES
+from engines.drafters.mtp import MTPHead, load_mtp
 from engines.errors import DrafterError, Unsupported
-from engines.mtp import MTP, MTPHead, load_mtp
-from engines.sampling import Sampler
+from engines.methods.mtp import MTP
+from engines.runtime.cache import ROLLBACK_STRATEGIES
+from engines.runtime.sampling import Sampler
 from harness.generation import run_generation
 from harness.models import fixtures
+from tests.conftest import engine_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units
-from tests.conftest import engine_cfg
 
 
 def mtp_cfg(drafter, k=1, verify="batched"):
@@ -102,7 +103,7 @@ def _small_vocab_checkpoint(tmp_path):
     import mlx.optimizers as optim
     from mlx_lm.utils import save_config, save_model
 
-    from engines.hidden import capture_hidden, embed, final_norm, lm_head
+    from engines.runtime.hidden import capture_hidden, embed, final_norm, lm_head
 
     spec = {"model_type": "qwen3_5", "hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64,
             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "full_attention_interval": 2,

@@ -1,4 +1,4 @@
-from engines.ngram import NgramIndex
+from engines.methods.ngram import NgramIndex
 
 
 def propose(history, k=3, lo=1, hi=3):

@@ -1,4 +1,4 @@
-"""Outside engines over the subprocess protocol (engines/outside.py): the mlx-lm adapter in
+"""Outside engines over the subprocess protocol (engines/arms/outside.py): the mlx-lm adapter in
 examples/ gives base's tokens with its own timings, and an engine that will not start, starts
 too slowly, writes garbage or dies mid-cell gives an `error` record naming what happened while
 the sweep goes on."""
@@ -206,7 +206,7 @@ def test_a_server_that_tokenized_other_prompts_is_warned_about_on_the_console_an
 def test_a_stream_that_never_ends_costs_seconds_once_its_tokens_are_in(tmp_path):
     """Every token arrives at once and the stream then stays open: the request ends TAIL_S after
     its last needed token (was: each request waited out method.request_timeout_s)."""
-    from engines.outside import TAIL_S
+    from engines.arms.outside import TAIL_S
 
     port = _free_port()
     script = tmp_path / "server.py"
@@ -285,7 +285,7 @@ def _launched_server_cell(tmp_path, mode: str, port: int, startup_timeout_s: int
 
 
 def test_a_launched_server_on_a_port_another_server_holds_is_an_error_not_the_old_servers_numbers(tmp_path):
-    from engines.outside import _listening
+    from engines.arms.outside import _listening
 
     port = _free_port()
     (tmp_path / "old").mkdir()

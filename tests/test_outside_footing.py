@@ -17,10 +17,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from engines import outside
-from engines.external import ArmReportError
-from engines.outside import ServerArm, SubprocessArm
-from engines.sampling import Sampler
+from engines.arms import outside
+from engines.arms.external import ArmReportError
+from engines.arms.outside import ServerArm, SubprocessArm
+from engines.runtime.sampling import Sampler
 from harness import blas
 from harness.generation import run_generation
 from harness.models.fixtures import fixture_dir
@@ -100,7 +100,7 @@ def test_the_adapter_started_by_the_harness_runs_on_the_harness_blas_and_says_so
 
     monkeypatch.setattr(blas, "_SELECTION", _mkl_selection())
     monkeypatch.setattr(outside, "FOOTING", outside.FOOTING)  # restored after the test
-    _outside_footing()  # what the harness tells engines/outside.py before it builds an arm
+    _outside_footing()  # what the harness tells engines/arms/outside.py before it builds an arm
     cfg = SimpleNamespace(command=f"{sys.executable} {ADAPTER} --model {fixture_dir('llama')}", startup_timeout_s=60,
                           request_timeout_s=60)
     arm = SubprocessArm(SimpleNamespace(vocab_size=VOCAB), cfg)

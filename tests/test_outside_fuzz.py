@@ -18,11 +18,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from engines import outside
+from engines.arms import outside
+from engines.arms.external import ArmReportError
+from engines.arms.outside import OutsideError, ServerArm, SubprocessArm
 from engines.base import Prefill
-from engines.external import ArmReportError
-from engines.outside import OutsideError, ServerArm, SubprocessArm
-from engines.sampling import Sampler
+from engines.runtime.sampling import Sampler
 from harness.models.fixtures import fixture_dir
 
 SEED = 20261204

@@ -1,4 +1,4 @@
-"""Library patches live in engines/patches.py only, and each one leaves the library as it found it.
+"""Library patches live in engines/runtime/patches.py only, and each one leaves the library as it found it.
 
 Two claims: every context manager there puts back the very objects it replaced, on a clean
 exit and when the block raises; and no other module of engines/, harness/ or train/ assigns
@@ -19,12 +19,12 @@ import mlx_lm.models.qwen3 as qwen3
 import mlx_lm.models.qwen3_5 as qwen3_5
 import pytest
 
-from engines import patches
+from engines.runtime import patches
 from tests.conftest import REPO
 
 LIBRARIES = ("mlx", "mlx_lm", "dflash")  # what the harness measures and must not edit in place
 SCANNED = ("engines", "harness", "train")
-HOME = Path("engines/patches.py")
+HOME = Path("engines/runtime/patches.py")
 
 
 # ---------------------------------------------------------------- every manager restores
@@ -101,7 +101,7 @@ def _managers() -> set[str]:
 
 
 def test_every_manager_in_engines_patches_has_a_restore_case():
-    assert _managers() == set(_cases()), "add a case to _cases() for each new manager in engines/patches.py"
+    assert _managers() == set(_cases()), "add a case to _cases() for each new manager in engines/runtime/patches.py"
 
 
 class _Planted(Exception):
@@ -144,7 +144,7 @@ def test_a_manager_restores_every_owner_when_a_wrap_raises_half_way():
     assert _same([llama.scaled_dot_product_attention, qwen3.scaled_dot_product_attention], before)
 
 
-# ---------------------------------------------------------------- no patch outside engines/patches.py
+# ---------------------------------------------------------------- no patch outside engines/runtime/patches.py
 
 def _library_names(tree: ast.AST) -> dict[str, str]:
     """Local name -> dotted library object, for every import of a library anywhere in a file
@@ -173,7 +173,7 @@ def _resolve(node: ast.AST, names: dict[str, str]) -> str | None:
 
 
 def swapped_names(home: Path = REPO / HOME) -> set[str]:
-    """The attribute names engines/patches.py swaps (the second argument of each `_swapped` call)."""
+    """The attribute names engines/runtime/patches.py swaps (the second argument of each `_swapped` call)."""
     return {c.args[1].value for c in ast.walk(ast.parse(home.read_text())) if isinstance(c, ast.Call)
             and isinstance(c.func, ast.Name) and c.func.id == "_swapped" and len(c.args) > 1
             and isinstance(c.args[1], ast.Constant)}
@@ -194,7 +194,7 @@ def _stores(tree: ast.AST):
 def library_patches(path: Path, swapped: set[str]) -> list[str]:
     """'line: what' for each assignment in `path` that edits a library in place: to an attribute
     of a library module or class (resolved through the file's imports), or of anything but
-    `self` under a name engines/patches.py swaps (the owner of those is found at run time:
+    `self` under a name engines/runtime/patches.py swaps (the owner of those is found at run time:
     sys.modules, a model's layers)."""
     tree = ast.parse(path.read_text(), str(path))
     names = _library_names(tree)
@@ -205,7 +205,7 @@ def library_patches(path: Path, swapped: set[str]) -> list[str]:
         if lib is not None:
             out.append(f"{line}: {lib}.{attr}")
         elif attr in swapped and not mine:
-            out.append(f"{line}: {ast.unparse(owner)}.{attr} (a name engines/patches.py swaps)")
+            out.append(f"{line}: {ast.unparse(owner)}.{attr} (a name engines/runtime/patches.py swaps)")
     return out
 
 
@@ -217,7 +217,7 @@ def scan(root: Path = REPO, swapped: set[str] | None = None) -> list[str]:
 
 def test_no_module_but_engines_patches_assigns_to_a_library_module_or_class():
     found = scan()
-    assert not found, (f"library code patched outside engines/patches.py: {found}; add a context manager "
+    assert not found, (f"library code patched outside engines/runtime/patches.py: {found}; add a context manager "
                        "there (with a docstring: what it replaces, why, what it restores) and call it")
 
 
@@ -261,8 +261,9 @@ def f(layers, mods, cache, tok):
 '''
     (tmp_path / "engines").mkdir()
     (tmp_path / "engines" / "planted.py").write_text(planted)
-    (tmp_path / "engines" / "patches.py").write_text("import mlx.nn as nn\nnn.Linear.__call__ = None\n")
+    (tmp_path / "engines" / "runtime").mkdir()
+    (tmp_path / HOME).write_text("import mlx.nn as nn\nnn.Linear.__call__ = None\n")
     found = scan(tmp_path, swapped_names())
     lines = [n for n, text in enumerate(planted.splitlines(), start=1) if "# PATCH" in text]
     assert [int(hit.split(":")[1]) for hit in found] == lines, found
-    assert all(hit.startswith("engines/planted.py:") for hit in found), "engines/patches.py itself is exempt"
+    assert all(hit.startswith("engines/planted.py:") for hit in found), "engines/runtime/patches.py itself is exempt"

@@ -1,4 +1,4 @@
-"""A prompt prefix fed once and restored (engines/prefix.py): the same logits every time, close
+"""A prompt prefix fed once and restored (engines/runtime/prefix.py): the same logits every time, close
 to feeding the whole prompt, on every cache kind; and every method stays lossless with it."""
 
 import json
@@ -7,8 +7,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engines.prefix import PrefixCache, PrefixStore
-from engines.target import Target
+from engines.runtime.prefix import PrefixCache, PrefixStore
+from engines.runtime.target import Target
 from tests.conftest import ARCHS
 from tests.helpers import base_engine, generate_ids
 from tests.test_cli import QUICK, harness
@@ -89,12 +89,11 @@ def test_every_drafting_method_with_a_context_stays_lossless_and_restores_its_pr
 
 def test_eagle3s_pass_over_a_restored_prefix_is_made_once_and_restored_after(models):
     # issue 51: with bench.context, the drafter's pass over the context was redone every generation
+    from engines.methods.eagle3 import Eagle3
+    from engines.runtime.sampling import Sampler
+    from harness.generation import run_generation
     from harness.models.fixtures import drafter_dir
     from tests.conftest import engine_cfg
-
-    from engines.eagle3 import Eagle3
-    from engines.sampling import Sampler
-    from harness.generation import run_generation
 
     model, _ = models["llama"]
     cfg = engine_cfg(name="eagle3", drafter=str(drafter_dir("eagle3", "llama")), depth=3, top_k=2, total_tokens=6)
@@ -119,8 +118,8 @@ def test_eagle3s_pass_over_a_restored_prefix_is_made_once_and_restored_after(mod
 
 
 def test_mtps_pass_over_a_restored_prefix_is_made_once_and_restored_after(models):
-    from engines.mtp import MTP
-    from engines.sampling import Sampler
+    from engines.methods.mtp import MTP
+    from engines.runtime.sampling import Sampler
     from harness.generation import run_generation
     from tests.conftest import engine_cfg
     from tests.test_static_mtp import llama_mtp_head

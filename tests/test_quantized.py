@@ -7,16 +7,19 @@ import mlx_lm
 import pytest
 from mlx.utils import tree_flatten
 
-from engines.dflash import DFlashA, load_drafter
-from engines.eagle3 import Eagle3, load_eagle3
-from engines.hidden import activation_dtype, hidden_size, vocab_size
-from engines.mtp import MTP, load_mtp
+from engines.drafters.dflash import load_drafter
+from engines.drafters.eagle3 import load_eagle3
+from engines.drafters.mtp import load_mtp
+from engines.methods.dflash import DFlashA
+from engines.methods.eagle3 import Eagle3
+from engines.methods.mtp import MTP
+from engines.runtime.hidden import activation_dtype, hidden_size, vocab_size
 from harness.models import fixtures
 from harness.models.fixtures import cast_model
+from tests.conftest import engine_cfg
 from tests.helpers import base_engine, generate_ids
 from tests.test_cli import QUICK, harness, records
 from tests.test_lossless import _units
-from tests.conftest import engine_cfg
 
 
 @pytest.fixture(scope="module")

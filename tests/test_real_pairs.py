@@ -7,15 +7,15 @@ BLAS they take minutes (Gemma's 262,144-token head over a 576-token prompt alone
 
 import pytest
 
-from engines.draft_model import DraftModel
+from engines.methods.draft_model import DraftModel
 from engines.registry import get_engine
-from engines.target import Target
+from engines.runtime.target import Target
 from harness.errors import ConfigError
 from harness.models.load import check_shared_tokenizer, load_target
 from harness.models.resolve import resolve_model
 from harness.prompts import load_suite
-from tests.helpers import base_engine, generate_ids
 from tests.conftest import engine_cfg
+from tests.helpers import base_engine, generate_ids
 
 NEW_TOKENS = 16
 

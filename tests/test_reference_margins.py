@@ -7,8 +7,8 @@ margin), never from the method's target under the reference's name."""
 import mlx.core as mx
 import pytest
 
-from engines.external import MlxLm
-from engines.target import Target
+from engines.arms.external import MlxLm
+from engines.runtime.target import Target
 from harness.divergence import divergence_margin
 from harness.generation import Generation
 from harness.measure import Arms, measure_cell

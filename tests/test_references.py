@@ -6,12 +6,12 @@ import json
 import mlx.core as mx
 import pytest
 
-from engines.autoregressive import Autoregressive
-from engines.cache import cache_nbytes
+from engines.arms.external import DFlashZlab, MlxLm
 from engines.errors import Unsupported
-from engines.external import DFlashZlab, MlxLm
-from engines.hidden import decoder
-from engines.target import Target
+from engines.methods.autoregressive import Autoregressive
+from engines.runtime.cache import cache_nbytes
+from engines.runtime.hidden import decoder
+from engines.runtime.target import Target
 from harness.generation import Generation, timings
 from harness.models import fixtures
 from report.frames import cells

@@ -46,4 +46,4 @@ def test_listing_names_imports_no_engine_and_asking_for_one_imports_only_its_mod
     engine_modules = {spec.split(":")[0] for spec in ENGINES.values()}
     assert not engine_modules & _modules_loaded_after("from engines.registry import available; available()")
     loaded = _modules_loaded_after("from engines.registry import get_engine; get_engine('ngram')")
-    assert loaded & engine_modules == {"engines.ngram"}
+    assert loaded & engine_modules == {"engines.methods.ngram"}

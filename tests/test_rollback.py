@@ -8,9 +8,9 @@ import mlx_lm.models.qwen3_5 as qwen3_5
 import pytest
 from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache
 
-from engines.cache import ROLLBACK_STRATEGIES, CastKVCache, RollbackError, logical_state, trim_attention
-from engines.hidden import hidden_size, num_layers
-from engines.target import Target
+from engines.runtime.cache import ROLLBACK_STRATEGIES, CastKVCache, RollbackError, logical_state, trim_attention
+from engines.runtime.hidden import hidden_size, num_layers
+from engines.runtime.target import Target
 from tests.conftest import ARCHS
 
 # The CPU computes a verify's kept rows and a fresh feed of them bit for bit alike. MLX's CUDA GEMMs
@@ -164,7 +164,7 @@ def test_capture_steps_equal_single_token_recurrences_bit_for_bit(hk, hv, masked
     # What capture keeps must be what T single-token decodes would have computed on this device:
     # the fused kernel on CUDA, mlx-lm's ops elsewhere (mlx-lm's ops are not the CUDA reference:
     # on the H100 they differed from the kernel in the last digit, 2026-12-05).
-    from engines.deltanet import recurrence
+    from engines.kernels.deltanet import recurrence
 
     B, T, D = 1, 6, 32
     mx.random.seed(3)

@@ -6,7 +6,7 @@ replay wins; weighted by a warm-up that rejected every draft, capture does."""
 
 import pytest
 
-from engines.target import Target
+from engines.runtime.target import Target
 from harness import calibrate
 
 BLOCK = 4

@@ -3,8 +3,8 @@
 Histograms and per-position acceptance count what the target accepted; how many of those
 tokens the budget let out is a separate number (the emitted tokens)."""
 
-from engines.sampling import Sampler
-from engines.target import Target
+from engines.runtime.sampling import Sampler
+from engines.runtime.target import Target
 from harness.generation import round_table, run_generation
 from tests.helpers import Oracle, base_engine, generate_ids
 from tests.test_lossless import _units

@@ -11,11 +11,13 @@ import mlx.core as mx
 import pytest
 
 import harness.loop as loop
-from engines.dflash import DFlashA, DFlashConfig, DFlashDrafter, save_drafter
-from engines.eagle3 import Eagle3, Eagle3Config, Eagle3Drafter, save_eagle3
+from engines.drafters.dflash import DFlashConfig, DFlashDrafter, save_drafter
+from engines.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
+from engines.methods.dflash import DFlashA
+from engines.methods.eagle3 import Eagle3
+from tests.conftest import engine_cfg
 from tests.helpers import base_engine
 from tests.test_mtp import _chi2, _empirical
-from tests.conftest import engine_cfg
 
 V, H = 8, 32
 GENERATIONS, LENGTH = 300, 3  # seeded generations per engine; output positions 1..2 are compared

@@ -2,7 +2,7 @@
 
 import mlx.core as mx
 
-from engines.sampling import Sampler, accept_deterministic, accept_speculative
+from engines.runtime.sampling import Sampler, accept_deterministic, accept_speculative
 
 P = [0.5, 0.2, 0.15, 0.1, 0.05]  # target
 Q = [0.1, 0.1, 0.2, 0.3, 0.3]  # drafter: deliberately unlike the target

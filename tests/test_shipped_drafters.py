@@ -14,6 +14,7 @@ import pytest
 from engines.errors import DrafterError
 from harness.models.resolve import shipped_drafter
 from tests.conftest import engine_cfg
+
 KINDS = {"eagle3": "eagle3", "dflash": "dflash_a", "mtp": "mtp", "draft_model": "draft_model"}
 
 
@@ -59,7 +60,7 @@ def test_each_shipped_drafter_is_found_by_default_and_runs_losslessly_on_smollm2
     from types import SimpleNamespace
 
     from engines.registry import get_engine
-    from engines.target import Target
+    from engines.runtime.target import Target
     from harness.models.resolve import resolve_drafter
     from tests.helpers import base_engine, generate_ids
 
@@ -79,9 +80,9 @@ def test_each_shipped_drafter_is_found_by_default_and_runs_losslessly_on_smollm2
 
 
 def test_a_shared_embedding_draft_model_is_assembled_from_its_target_and_refused_for_another(tmp_path):
-    from engines import shared_weights
-    from engines.draft_model import load_draft_model
-    from engines.target import Target
+    from engines.drafters.draft_model import load_draft_model
+    from engines.runtime import shared_weights
+    from engines.runtime.target import Target
     from harness.models.load import load_target
     from harness.models.resolve import resolve_model
 
@@ -113,8 +114,8 @@ def test_a_quantized_drafter_runs_dequantized_on_the_cpu_with_the_values_it_pack
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
-    from engines.checkpoint import read_tensors
-    from engines.mtp import load_mtp
+    from engines.drafters.mtp import load_mtp
+    from engines.runtime.checkpoint import read_tensors
     from harness.models.load import load_target
     from harness.models.resolve import resolve_model
 
@@ -133,7 +134,7 @@ def test_a_quantized_drafter_runs_dequantized_on_the_cpu_with_the_values_it_pack
 
 
 def test_quantized_drafters_stay_quantized_on_metal_only():
-    from engines.checkpoint import keeps_quantized
+    from engines.runtime.checkpoint import keeps_quantized
 
     assert keeps_quantized(mx.gpu, cuda=False)  # Metal
     assert not keeps_quantized(mx.gpu, cuda=True)  # CUDA: a JIT compile per quantized matmul shape
@@ -142,7 +143,7 @@ def test_quantized_drafters_stay_quantized_on_metal_only():
 
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])
 def test_the_dequantized_copy_holds_what_the_packed_weights_decode_to(tmp_path, kind):
-    from engines.checkpoint import read_tensors
+    from engines.runtime.checkpoint import read_tensors
     from train.quantize import dequantize_drafter
 
     src = shipped_drafter("smollm2", kind)

@@ -1,4 +1,4 @@
-"""execution=static (engines/static.py, engines/device.py): caches whose position is a device
+"""execution=static (engines/runtime/static.py, engines/methods/device.py): caches whose position is a device
 value, rounds that stay on the device and are read one round late. Lossless against eager base,
 the same cache contents as the eager path up to the position, one host read per round, one
 compiled trace per shape, never a token past the budget or a stop token."""
@@ -12,11 +12,11 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from engines.errors import Unsupported
-from engines.ngram import NgramIndex, lookup
+from engines.methods.ngram import NgramIndex, lookup
 from engines.registry import STATIC, get_engine
-from engines.sampling import Sampler
-from engines.static import StaticTarget, static_layout
-from engines.target import Target
+from engines.runtime.sampling import Sampler
+from engines.runtime.static import StaticTarget, static_layout
+from engines.runtime.target import Target
 from harness.generation import run_generation
 from harness.models.fixtures import drafter_dir, fixture_dir
 from tests.conftest import engine_cfg

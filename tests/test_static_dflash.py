@@ -1,4 +1,4 @@
-"""execution=static for DFlash A (engines/dflash.py DFlashAStatic): greedy-lossless in float32 on
+"""execution=static for DFlash A (engines/methods/dflash.py DFlashAStatic): greedy-lossless in float32 on
 the llama and gemma4 fixtures, drafting what the eager DFlashA drafts round for round, its drafter's
 static cache equal to the eager drafter's cache up to its position, one host read per round, one
 compiled trace per shape, and sampling equal to the eager engine's sample for sample."""
@@ -10,12 +10,13 @@ import random
 import mlx.core as mx
 import pytest
 
-from engines.dflash import DFlashA, DFlashAStatic, DFlashConfig, DFlashDrafter, save_drafter
-from engines.device import StaticBase
+from engines.drafters.dflash import DFlashConfig, DFlashDrafter, save_drafter
+from engines.methods.device import StaticBase
+from engines.methods.dflash import DFlashA, DFlashAStatic
 from engines.registry import get_engine
-from engines.sampling import Sampler
+from engines.runtime.hidden import embed, lm_head
+from engines.runtime.sampling import Sampler
 from harness.generation import run_generation
-from engines.hidden import embed, lm_head
 from harness.models.fixtures import DFLASH, drafter_dir
 from tests.conftest import engine_cfg
 from tests.helpers import same_cache_values

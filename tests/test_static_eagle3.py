@@ -1,4 +1,4 @@
-"""EAGLE-3 under execution=static (engines/eagle3.py Eagle3Static): the chain and the fixed-size tree
+"""EAGLE-3 under execution=static (engines/methods/eagle3.py Eagle3Static): the chain and the fixed-size tree
 are greedy-lossless in float32 and draft what the eager engine drafts; a round never reads the host;
 compiled phases trace once per shape; the drafter's static cache holds what the eager drafter's
 holds; the device tree selection, acceptance and path compaction equal their host references.
@@ -11,12 +11,12 @@ import random
 import mlx.core as mx
 import pytest
 
-from engines.eagle3 import Eagle3, _Node, select_tree
+from engines.methods.eagle3 import Eagle3, _Node, select_tree
 from engines.registry import get_engine
-from engines.sampling import Sampler
-from engines.static import StaticTarget, StaticTree, static_layout
-from engines.target import Target
-from engines.tree import accept_tree_greedy, accept_tree_on_device, depths_and_ancestors
+from engines.runtime.sampling import Sampler
+from engines.runtime.static import StaticTarget, StaticTree, static_layout
+from engines.runtime.target import Target
+from engines.runtime.tree import accept_tree_greedy, accept_tree_on_device, depths_and_ancestors
 from harness.generation import generate, run_generation
 from harness.models.fixtures import drafter_dir
 from tests.conftest import engine_cfg

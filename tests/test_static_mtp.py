@@ -1,4 +1,4 @@
-"""execution=static for MTP (engines/mtp.py MTPStatic) on a dense target: greedy-lossless in float32
+"""execution=static for MTP (engines/methods/mtp.py MTPStatic) on a dense target: greedy-lossless in float32
 on the llama fixture, drafting what the eager MTP drafts round for round, the head's static cache
 equal to the eager head's cache up to its position, one host read per round, one compiled trace per
 shape, sampling equal to the eager engine's sample for sample, and Unsupported where it cannot run.
@@ -22,11 +22,12 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from engines.device import StaticBase
+from engines.drafters.mtp import MTPHead
 from engines.errors import Unsupported
-from engines.mtp import MTP, MTPHead, MTPStatic
+from engines.methods.device import StaticBase
+from engines.methods.mtp import MTP, MTPStatic
 from engines.registry import get_engine
-from engines.sampling import Sampler
+from engines.runtime.sampling import Sampler
 from harness.generation import run_generation
 from harness.models.fixtures import fixture_dir
 from tests.conftest import engine_cfg

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from engines.dflash import DFlashA
-from engines.eagle3 import Eagle3
-from engines.sampling import Sampler
 import harness.measure as measure
+from engines.methods.dflash import DFlashA
+from engines.methods.eagle3 import Eagle3
+from engines.runtime.sampling import Sampler
 from harness.generation import run_generation
 from harness.measure import Arms, measure_cell
 from harness.models import fixtures

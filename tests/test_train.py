@@ -82,7 +82,7 @@ def test_a_draft_model_is_a_shallow_distilled_copy_that_loads_on_its_own(tmp_pat
 
 
 def test_eagle3_draft_vocabulary_is_the_most_frequent_answer_tokens_and_round_trips(tmp_path, data_cache):
-    from engines.eagle3 import load_eagle3
+    from engines.drafters.eagle3 import load_eagle3
     from harness.models.load import load_target
     from harness.models.resolve import resolve_model
     from train.eagle3 import draft_vocab
@@ -237,7 +237,7 @@ def test_bad_training_settings_are_one_line_errors(tmp_path):
 def test_ttt_unroll_equals_the_drafters_chained_inference():
     """Step k of the training unroll at position i computes what the drafter computes at
     inference when it chains k steps past position i (step 0's keys causal, then only its own)."""
-    from engines.eagle3 import Eagle3Config, Eagle3Drafter
+    from engines.drafters.eagle3 import Eagle3Config, Eagle3Drafter
     from train.eagle3 import ttt_step
     from train.objective import shift
 
@@ -266,7 +266,7 @@ def test_ttt_unroll_equals_the_drafters_chained_inference():
 
 
 def test_many_anchor_block_attention_equals_the_engines_one_anchor_path():
-    from engines.dflash import DFlashConfig, DFlashDrafter
+    from engines.drafters.dflash import DFlashConfig, DFlashDrafter
     from train.dflash import block_attention
 
     c = DFlashConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
@@ -284,7 +284,7 @@ def test_many_anchor_block_attention_equals_the_engines_one_anchor_path():
 
 
 def test_quantized_drafters_load_strictly_and_stay_lossless(tmp_path, data_cache):
-    from engines.dflash import load_drafter
+    from engines.drafters.dflash import load_drafter
     from engines.errors import DrafterError
     from harness.models.load import load_target
     from harness.models.resolve import resolve_model
@@ -312,9 +312,9 @@ def test_zlab_reference_runs_a_trained_dflash_drafter_with_the_same_tokens_and_d
     pytest.importorskip("dflash.model_mlx", reason="z-lab's dflash is an optional extra: pip install -e '.[anchors]'")
     from types import SimpleNamespace
 
-    from engines.dflash import DFlashA
-    from engines.external import DFlashZlab
-    from engines.target import Target
+    from engines.arms.external import DFlashZlab
+    from engines.methods.dflash import DFlashA
+    from engines.runtime.target import Target
     from tests.helpers import generate_ids
     from tests.test_lossless import _units
 

@@ -16,9 +16,9 @@ from mlx.utils import tree_flatten
 from tokenizers import Tokenizer
 
 import train.fixtures as F
-from engines.dflash import DFlashConfig, load_drafter
-from engines.eagle3 import Eagle3Config, load_eagle3
-from engines.mtp import MTPHead
+from engines.drafters.dflash import DFlashConfig, load_drafter
+from engines.drafters.eagle3 import Eagle3Config, load_eagle3
+from engines.drafters.mtp import MTPHead
 from harness.models import fixtures
 from train.lm import LanguageModelObjective
 

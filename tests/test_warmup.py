@@ -8,8 +8,8 @@ quarter of its speed in both arms, and the gate flagged it as an outlier).
 
 import pytest
 
-from engines.autoregressive import Autoregressive
-from engines.target import Target
+from engines.methods.autoregressive import Autoregressive
+from engines.runtime.target import Target
 from harness import measure
 from harness.config import BenchConfig
 from harness.measure import Arms, key_bucket, measure_cell

@@ -20,6 +20,8 @@ interrupted.
 
 from __future__ import annotations
 
+import importlib
+
 from harness import blas
 
 blas.select()  # before anything imports mlx (harness/blas.py)
@@ -36,11 +38,11 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from engines.errors import DrafterError, Unsupported  # noqa: E402
-from harness.faults import checked_home  # noqa: E402
 from harness import faults  # noqa: E402
 from harness.config import check_out_dir, conf_dir  # noqa: E402
 from harness.env import environment  # noqa: E402
 from harness.errors import ConfigError, TargetError  # noqa: E402
+from harness.faults import checked_home  # noqa: E402
 from harness.flags import ONLY_ONE, compose_first_job  # noqa: E402
 from harness.models.resolve import resolve_model  # noqa: E402
 from train.config import from_composed, register, validate  # noqa: E402
@@ -55,15 +57,14 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def objective_for(kind: str):
-    # Each objective loads MLX and mlx-lm, which this module leaves to the run.
-    from train.dflash import DFlashObjective
-    from train.draft_model import DraftModelObjective
-    from train.eagle3 import Eagle3Objective
-    from train.mtp import MTPObjective
+# drafter kind (engines/drafters DRAFTERS) -> its training objective, imported when a run needs it (MLX, mlx-lm)
+OBJECTIVES = {"eagle3": "train.eagle3:Eagle3Objective", "dflash": "train.dflash:DFlashObjective",
+              "mtp": "train.mtp:MTPObjective", "draft_model": "train.draft_model:DraftModelObjective"}
 
-    return {"eagle3": Eagle3Objective, "dflash": DFlashObjective, "mtp": MTPObjective,
-            "draft_model": DraftModelObjective}[kind]
+
+def objective_for(kind: str):
+    module, cls = OBJECTIVES[kind].split(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def split_rows(rows, n_eval: int, seed: int):

@@ -10,10 +10,9 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from engines.drafters import KINDS
 from harness.config import ArchConfig
 from harness.errors import ConfigError
-
-KINDS = ("eagle3", "dflash", "mtp", "draft_model")
 
 
 @dataclass
@@ -100,7 +99,7 @@ MAX_STEPS = 10_000_000
 MAX_ROWS = 10_000_000  # prompts, held-out rows
 MAX_BATCH = 1 << 16
 MAX_TOKENS = 1 << 20  # a row's positions, an answer's tokens
-MAX_WIDTH = 1 << 20  # an MLP width (engines/checkpoint.py's bound)
+MAX_WIDTH = 1 << 20  # an MLP width (engines/runtime/checkpoint.py's bound)
 MAX_VOCAB = 1 << 22
 MAX_LAYERS = 1024
 MAX_SECONDS = 1e7  # about 16 weeks

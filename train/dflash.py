@@ -16,8 +16,8 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from engines.dflash import DFlashConfig, DFlashDrafter, load_drafter, save_drafter
-from engines.hidden import embed, lm_head, num_layers, vocab_size
+from engines.drafters.dflash import DFlashConfig, DFlashDrafter, load_drafter, save_drafter
+from engines.runtime.hidden import embed, lm_head, num_layers, vocab_size
 from harness.errors import ConfigError
 from train.objective import Objective, layer_ids_within, pad, weighted_mean
 

@@ -20,12 +20,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from engines import shared_weights
-from engines.draft_model import load_draft_model
+from engines.drafters.draft_model import load_draft_model
+from engines.drafters.mtp import DENSE
 from engines.errors import Unsupported
-from engines.hidden import decoder, num_layers
-from engines.mtp import DENSE
-from engines.target import Target
+from engines.runtime import shared_weights
+from engines.runtime.hidden import decoder, num_layers
+from engines.runtime.target import Target
 from harness.errors import ConfigError
 from train.files import save_tensors
 from train.objective import Objective, pad, shift, soft_ce, weighted_mean

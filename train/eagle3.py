@@ -17,8 +17,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from engines.eagle3 import Eagle3Config, Eagle3Drafter, default_aux_layers, load_eagle3, save_eagle3
-from engines.hidden import embed, num_layers
+from engines.drafters.eagle3 import Eagle3Config, Eagle3Drafter, default_aux_layers, load_eagle3, save_eagle3
+from engines.runtime.hidden import embed, num_layers
 from train.objective import Objective, layer_ids_within, pad, shift, soft_ce, target_head_rows, weighted_mean
 
 

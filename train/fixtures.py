@@ -18,6 +18,7 @@ differently). How long all four take on 2 cores: docs/models.md.
 
 from __future__ import annotations
 
+from engines.drafters import DRAFTERS
 from harness import blas
 
 blas.select()  # before anything imports mlx (harness/blas.py)
@@ -34,8 +35,8 @@ import mlx_lm  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from engines.dflash import DFlashConfig  # noqa: E402
-from engines.eagle3 import Eagle3Config, save_eagle3  # noqa: E402
+from engines.drafters.dflash import DFlashConfig  # noqa: E402
+from engines.drafters.eagle3 import Eagle3Config, save_eagle3  # noqa: E402
 from harness.models import fixtures  # noqa: E402
 from train.config import DataConfig, TrainConfig  # noqa: E402
 from train.data import Rows, answer_batch  # noqa: E402
@@ -49,7 +50,7 @@ SEQ = 96  # tokens per target row
 PROMPT = (8, 88)  # a drafter row's prompt: the first 8-88 ids of a target row, which the target then answers
 ANSWER = 64  # new tokens per answer
 DISTILL_ROWS, EVAL_ROWS = 1024, 64
-KINDS = ("target", "dflash", "mtp", "eagle3")
+KINDS = ("target", *(k.name for k in DRAFTERS.values() if k.fixture))  # training order: the target first
 _FIXED = dict(warmup_ratio=0.08, min_lr_ratio=0.1, weight_decay=0.01, grad_clip=1.0, log_every=100,
               eval_every=250, ckpt_every_steps=10**9, ckpt_every_s=1e9,
               eval_head_tokens=None)  # answers are ANSWER tokens long: their head is the whole answer

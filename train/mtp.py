@@ -18,8 +18,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from engines.hidden import embed, final_norm, lm_head
-from engines.mtp import MTPHead, load_mtp, text_args
+from engines.drafters.mtp import MTPHead, load_mtp, text_args
+from engines.runtime.hidden import embed, final_norm, lm_head
 from train.files import save_tensors
 from train.objective import Objective, pad, shift, soft_ce, weighted_mean
 

@@ -14,7 +14,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from engines.hidden import activation_dtype, capture_hidden, hidden_size, lm_head, num_layers, text_model, vocab_size
+from engines.runtime.hidden import (activation_dtype, capture_hidden, hidden_size, lm_head, num_layers, text_model,
+                                    vocab_size)
 from harness.errors import ConfigError
 from train.quantize import dequantize_drafter
 

@@ -3,7 +3,7 @@
 `python -m train.quantize SRC DEST [--bits 8] [--group-size 64]` packs every 2-D floating
 `*.weight` whose input width the group size divides (the linear layers: norms are 1-D, d2t /
 t2d are integers) into uint32 with scales and biases, and records `quantization` in
-config.json; the harness's drafter loaders read the result strictly (engines/checkpoint.py
+config.json; the harness's drafter loaders read the result strictly (engines/runtime/checkpoint.py
 quantize_like). Anything else is copied unchanged. `--dequantize` writes the floating copy of
 a quantized drafter (its weights as the quantized form decodes them, in --dtype): what a
 backend that compiles its quantized matmuls per shape runs instead (MLX's CUDA JIT).

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engines import shared_weights
-from engines.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, Field, load_safetensors,
-                                read_fields, read_json)
+from engines.runtime import shared_weights
+from engines.runtime.checkpoint import (MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH, Field,
+                                        load_safetensors, read_fields, read_json)
 from harness.errors import ConfigError, TargetError
 from harness.models.fixtures import cast_model
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines.drafters import drafter_kind
 from engines.errors import Unsupported
 from harness.errors import ConfigError
 from harness.models import fixtures, gguf_import, packaged, scale
@@ -165,20 +166,21 @@ def resolve_drafter(cfg, kind: str) -> str:
     shipped = shipped_drafter(cfg.arch.model, kind) if spec is None else None
     if shipped is not None:
         return str(shipped)
-    if kind == "draft_model" and spec is None and target.kind == "scale":  # the family's smaller preset
+    found = drafter_kind(kind).found  # where a null spec finds it (engines/drafters DRAFTERS)
+    if found == "model" and spec is None and target.kind == "scale":  # the family's smaller preset
         smaller = scale.draft_model_preset(target.name)
         if smaller is None:
             raise Unsupported(f"no draft model for arch.model={cfg.arch.model}: the preset has no smaller shape "
                               f"of its family; pass method.drafter=scale:<preset> (one of "
                               f"{', '.join(sorted(scale.PRESETS))}) or a small model sharing its tokenizer")
         spec = f"scale:{smaller}"
-    if kind == "draft_model":  # a whole language model: any spec arch.model takes
+    if found == "model":  # a whole language model: any spec arch.model takes
         if spec is None and target.kind != "fixture":
             raise Unsupported(f"no draft model for arch.model={cfg.arch.model}: pass method.drafter=<a small model "
                               "sharing its tokenizer> (checkpoint dir, GGUF file or packaged model name)")
         return str(resolve_model(spec or DEFAULT_FIXTURE_DRAFT_MODEL, cfg.arch.dtype, cfg.arch.gguf_dequantize,
                                  key="method.drafter"))
-    if spec is None and kind == "mtp" and target.kind != "scale":
+    if spec is None and found == "target" and target.kind != "scale":
         model = cfg.arch.model
         if target.kind == "fixture":  # a quantized fixture keeps its MTP head in the original, as mlx-lm drops it
             model = "fixture:" + fixtures.original(target.name)[0]
@@ -193,9 +195,6 @@ def resolve_drafter(cfg, kind: str) -> str:
         spec = cfg.arch.model  # the fixture's own drafter
     drafter = parse_spec(spec)
     if drafter.kind == "scale":
-        if kind not in scale.DRAFTER_KINDS:
-            raise ConfigError(f"method.drafter={spec}: scale presets come with {', '.join(scale.DRAFTER_KINDS)} "
-                              f"drafters, not {kind}")
         return str(scale.drafter_dir(resolve_model(spec, key="method.drafter"), kind))
     if drafter.kind == "fixture":
         try:

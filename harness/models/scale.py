@@ -8,7 +8,7 @@ of the target's width, a 32k draft vocabulary, speculators layout) and `<dir>-mt
 layer of the target's own class). A draft model is the family's smaller preset (DRAFT_MODEL).
 Outputs are meaningless, so acceptance is near zero: such a pair measures pure cost -- a
 decode step, a verify of K+1 tokens, a rollback, a drafting round -- at the size users run;
-with `method.force.accepted` (engines/forced.py) it measures a round's cost at a chosen tau:
+with `method.force.accepted` (engines/runtime/forced.py) it measures a round's cost at a chosen tau:
 
     python -m harness.models.scale qwen35-1b /tmp/qwen35-1b
     python -m harness arch=llama arch.model=scale:llama-8b arch.dtype=native method=eagle3 method.force.accepted=3
@@ -47,9 +47,10 @@ PRESETS = {
                      "num_attention_heads": 14, "num_key_value_heads": 2, "head_dim": 64, "tie_word_embeddings": True},
     "qwen2.5-1.5b": {**_QWEN2, "hidden_size": 1536, "num_hidden_layers": 28, "intermediate_size": 8960,
                      "num_attention_heads": 12, "num_key_value_heads": 2, "tie_word_embeddings": True},
+    # (Qwen2.5 7B pads its embedding to 152064 rows; the preset keeps the tokenizer's 151936, 0.08% of its
+    # head, so its 0.5B draft model passes the draft model's vocabulary check)
     "qwen2.5-7b": {**_QWEN2, "hidden_size": 3584, "num_hidden_layers": 28, "intermediate_size": 18944,
-                   "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
-                   "tie_word_embeddings": False},
+                   "num_attention_heads": 28, "num_key_value_heads": 4, "tie_word_embeddings": False},
     "qwen35-1b": {"model_type": "qwen3_5", "hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 6144,
                   "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128, "full_attention_interval": 4,
                   "linear_num_value_heads": 16, "linear_num_key_heads": 16, "linear_key_head_dim": 128,
@@ -116,7 +117,7 @@ def dflash_spec(preset: str) -> dict:
 def eagle3_spec(preset: str) -> dict:
     """A one-layer EAGLE-3 drafter of `preset`'s width (speculators layout): features of its low, middle
     and high layers, a draft vocabulary of the first EAGLE3_DRAFT_VOCAB ids."""
-    from engines.eagle3 import default_aux_layers  # MLX: a spec resolves without
+    from engines.drafters.eagle3 import default_aux_layers  # MLX: a spec resolves without
 
     spec = PRESETS[preset]
     layer = {k: spec[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -132,7 +133,8 @@ def eagle3_spec(preset: str) -> dict:
 def build_dflash(preset: str, dest: Path) -> None:
     import mlx.core as mx
 
-    from engines.dflash import DFlashConfig, DFlashDrafter, save_drafter  # MLX, mlx-lm: a spec resolves without
+    from engines.drafters.dflash import (DFlashConfig, DFlashDrafter,  # MLX, mlx-lm: a spec resolves without
+                                         save_drafter)
 
     mx.random.seed(fixtures.SEED + 1)
     spec = dflash_spec(preset)
@@ -142,19 +144,19 @@ def build_dflash(preset: str, dest: Path) -> None:
 def build_eagle3(preset: str, dest: Path) -> None:
     import mlx.core as mx
 
-    from engines.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
+    from engines.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
 
     mx.random.seed(fixtures.SEED + 2)
     save_eagle3(Eagle3Drafter(Eagle3Config.from_json(eagle3_spec(preset), f"eagle3_spec({preset})")), dest)
 
 
 def build_mtp(model, dest: Path) -> None:
-    """One MTP layer of the target's own class and width (engines/mtp.py), in the drafter form train/ writes."""
+    """One MTP layer of the target's own class and width (engines/methods/mtp.py), in the drafter form train/ writes."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from engines.checkpoint import write_checkpoint
-    from engines.mtp import MTPHead
+    from engines.drafters.mtp import MTPHead
+    from engines.runtime.checkpoint import write_checkpoint
 
     mx.random.seed(fixtures.SEED + 3)
     head = MTPHead(model)
@@ -215,7 +217,6 @@ def main(args: list[str]) -> int:
 
 if __name__ == "__main__":
     from harness import blas
-
     from harness.faults import guarded
 
     blas.select()  # before mlx loads: see harness/blas.py

@@ -15,7 +15,7 @@ loop (harness/loop.py) queues round n + 1 before it reads round n: one host read
 one round late. What a late read shows to lie past the budget or a stop token is discarded by
 the loop; the engine's state is then past the generation's end, and the next start() resets it.
 
-Acceptance is engines/sampling.py's, at an output position held on the device.
+Acceptance is engines/runtime/sampling.py's, at an output position held on the device.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import mlx.core as mx
 
 from engines.base import Engine
 from engines.errors import Unsupported
-from engines.forced import accept_forced
-from engines.sampling import accept_deterministic, accept_speculative
-from engines.static import StaticKVCache, StaticState, StaticTarget, static_layout
+from engines.runtime.forced import accept_forced
+from engines.runtime.sampling import accept_deterministic, accept_speculative
+from engines.runtime.static import StaticKVCache, StaticState, StaticTarget, static_layout
 
 
 class DeviceEngine(Engine):

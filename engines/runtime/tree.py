@@ -12,7 +12,7 @@ masks internally, so for the duration of the forward `tree_attention` swaps in
 - a mask builder (the model module's `create_attention_mask`) that returns the
   tree mask over [context keys | tree keys], windowed for sliding layers;
 and always restores both. Recurrent (DeltaNet) layers cannot run a tree; hybrid
-targets verify a chain instead (see engines/eagle3.py).
+targets verify a chain instead (see engines/methods/eagle3.py).
 
 After acceptance, `compact` keeps the root and the accepted path in every
 attention cache, contiguous at the positions they were computed for.
@@ -27,10 +27,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
 
-from engines.cache import RollbackError
-from engines.hidden import decoder
-from engines.patches import attention_mask, rope
-from engines.sampling import drafts_then
+from engines.runtime.cache import RollbackError
+from engines.runtime.hidden import decoder
+from engines.runtime.patches import attention_mask, rope
+from engines.runtime.sampling import drafts_then
 
 
 def tree_depths(parents: list[int]) -> list[int]:
@@ -91,7 +91,7 @@ def _tree_mask_fn(depths: mx.array, ancestors: mx.array):
 @contextmanager
 def tree_attention(model: nn.Module, parents: list[int]):
     """Within the block, a forward over [root] + nodes runs as a tree (see module doc); the
-    swaps themselves are engines/patches.py `rope` and `attention_mask`."""
+    swaps themselves are engines/runtime/patches.py `rope` and `attention_mask`."""
     depth, ancestors = depths_and_ancestors(parents)
     depths = mx.array(depth)
     attns = [layer.self_attn for layer in decoder(model).layers if hasattr(layer, "self_attn")]
@@ -164,7 +164,7 @@ def accept_tree_on_device(tokens: mx.array, parents: mx.array, choices: mx.array
     Returns the outcome [1 + depth + 1] (n accepted, then the target's choices along the accepted
     path: the first n + 1 are emitted, the accepted nodes' tokens and the bonus) and the path
     [depth + 1] (tree indices: the root, then the accepted node at each depth; the root past n).
-    forced ([1] int32, engines/forced.py): accept down the first child at each depth, at most that
+    forced ([1] int32, engines/runtime/forced.py): accept down the first child at each depth, at most that
     many nodes, whatever the target chose; the emitted tokens are then the nodes' own, and the
     target's choice at the last one."""
     tokens, parents = tokens.astype(mx.int32), parents.astype(mx.int32)

@@ -18,41 +18,14 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache
 
-from engines import shared_weights
 from engines.base import Draft, Engine
-from engines.checkpoint import float_drafter
-from engines.device import DeviceEngine
-from engines.errors import DrafterError, Unsupported
-from engines.home import home
-from engines.hidden import activation_dtype, vocab_size
-from engines.static import StaticTarget, static_layout
-from engines.target import Target
-
+from engines.drafters.draft_model import load_draft_model
+from engines.errors import Unsupported
+from engines.methods.device import DeviceEngine
+from engines.runtime.static import StaticTarget, static_layout
+from engines.runtime.target import Target
 
 DEFAULT_BLOCK_SIZE = 4  # K = 3 drafts per round when method.block_size is null
-
-
-def load_draft_model(path: Path, target: Target):
-    """The mlx-lm model at `path` in the target's activation dtype; DrafterError when its
-    vocabulary is not the target's (a draft model must share the target's tokenizer)."""
-    from mlx_lm.utils import load_model
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise DrafterError(f"{path} is not a model directory (no config.json); method.drafter for draft_model "
-                           "is a model: a checkpoint dir, a GGUF file, fixture:<name> or a packaged model name")
-    if shared_weights.shares_tensors(path):  # shipped without the embedding it shares with the target
-        path = shared_weights.materialize(path, target.model, home())
-    model, config = load_model(path)
-    if vocab_size(model) != target.vocab_size:
-        raise DrafterError(f"draft model {path} has a vocabulary of {vocab_size(model)}, the target "
-                           f"{target.vocab_size}: "
-                           "a draft model must share the target's tokenizer")
-    model.set_dtype(activation_dtype(target.model))
-    model.eval()
-    float_drafter(model, activation_dtype(target.model))
-    mx.eval(model.parameters())
-    return model, config
 
 
 class DraftModel(Engine):
@@ -66,6 +39,7 @@ class DraftModel(Engine):
         self.k = (cfg.block_size or DEFAULT_BLOCK_SIZE) - 1
         if self.k < 1:
             raise Unsupported(f"draft_model needs method.block_size >= 2 (one draft or more); got {cfg.block_size}")
+        self.block = self.k + 1
         self.path = Path(cfg.drafter)
         model, self.config = load_draft_model(self.path, target)
         # The draft model's cache stores what the target's does (mlx-lm quantizes both alike).
@@ -74,7 +48,7 @@ class DraftModel(Engine):
                          small_m_gemm=target.small_m_gemm)
         if any(isinstance(c, RotatingKVCache) for c in self.dm.cache):
             # Its draft steps are single-token updates, which rotate a full window in place: the
-            # cache could not be rewound to an accepted prefix exactly (engines/cache.py).
+            # cache could not be rewound to an accepted prefix exactly (engines/runtime/cache.py).
             raise Unsupported(f"draft model {self.path} has sliding-window layers; a draft model's chain of "
                               "single-token steps cannot be rewound exactly past its window: use a full-attention "
                               "or hybrid draft model")
@@ -127,7 +101,7 @@ class DraftModel(Engine):
 
 
 class DraftModelStatic(DeviceEngine):
-    """Draft-model speculation in a round that stays on the device (engines/device.py): the draft
+    """Draft-model speculation in a round that stays on the device (engines/methods/device.py): the draft
     model runs on static caches of its own (a StaticTarget), K steps a round, always K.
 
     Its cache holds every position but the last two of the history (dp = tp - 1, tp the target's),

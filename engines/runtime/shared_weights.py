@@ -43,7 +43,7 @@ def fingerprint(weight: mx.array) -> dict:
 
 def write_manifest(out: Path, shared: dict[str, mx.array]) -> None:
     """Names the tensors `out` leaves to its target, each with its fingerprint."""
-    body = {"note": "tensors taken from the target at load (engines/shared_weights.py)",
+    body = {"note": "tensors taken from the target at load (engines/runtime/shared_weights.py)",
             "tensors": {name: fingerprint(w) for name, w in shared.items()}}
     (Path(out) / MANIFEST).write_text(json.dumps(body))
 

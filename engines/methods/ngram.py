@@ -18,8 +18,8 @@ from __future__ import annotations
 import mlx.core as mx
 
 from engines.base import Draft, Engine
-from engines.device import DeviceEngine
-from engines.static import capacity_for
+from engines.methods.device import DeviceEngine
+from engines.runtime.static import capacity_for
 
 
 class NgramIndex:
@@ -97,7 +97,7 @@ def lookup(history: mx.array, length: mx.array, k: int, min_n: int, max_n: int) 
 
 
 class NgramStatic(DeviceEngine):
-    """N-gram drafting in a round that stays on the device (engines/device.py): the history is a
+    """N-gram drafting in a round that stays on the device (engines/methods/device.py): the history is a
     device buffer, the lookup (`lookup`) a compiled function of it, the K drafts always K."""
 
     name = "ngram"

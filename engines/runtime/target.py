@@ -17,12 +17,13 @@ from typing import NamedTuple
 import mlx.core as mx
 import mlx.nn as nn
 
-from engines.cache import Rollback, make_cache, trim_attention
-from engines.dispatch import attention_modules, dispatch_defaults, stable_attention, staged
-from engines.gemm import available as gemm_available, small_m_linears
-from engines.hidden import capture_hidden, vocab_size
-from engines.prefix import PrefixCache
-from engines.tree import check_tree_capable, compact, tree_attention
+from engines.kernels.gemm import available as gemm_available
+from engines.kernels.gemm import small_m_linears
+from engines.runtime.cache import Rollback, make_cache, trim_attention
+from engines.runtime.dispatch import attention_modules, dispatch_defaults, stable_attention, staged
+from engines.runtime.hidden import capture_hidden, vocab_size
+from engines.runtime.prefix import PrefixCache
+from engines.runtime.tree import check_tree_capable, compact, tree_attention
 
 PREFILL_CHUNK = 2048
 
@@ -58,15 +59,15 @@ class Target:
         self.model = model
         self._hidden_layers = tuple(int(i) for i in hidden_layers)
         self.kv, self.kv_group_size, self.strategy = kv, kv_group_size, rollback
-        auto = dispatch_defaults()  # engines/dispatch.py: None = what this device wants
+        auto = dispatch_defaults()  # engines/runtime/dispatch.py: None = what this device wants
         self.stage_every = auto["stage_every"] if stage_every is None else stage_every
         self.stable_attention = auto["stable_attention"] if stable_attention is None else stable_attention
         self.small_m_gemm = auto["small_m_gemm"] if small_m_gemm is None else small_m_gemm
         if self.small_m_gemm and not gemm_available():
-            raise ValueError("small_m_gemm needs MLX's CUDA backend on the default device (engines/gemm.py)")
+            raise ValueError("small_m_gemm needs MLX's CUDA backend on the default device (engines/kernels/gemm.py)")
         self._attention = attention_modules(model) if self.stable_attention else []
         self.fed_tokens = 0  # tokens fed through the model since this Target was made: work, not time
-        self.prefix: PrefixCache | None = None  # a prompt prefix fed once and restored (engines/prefix.py)
+        self.prefix: PrefixCache | None = None  # a prompt prefix fed once and restored (engines/runtime/prefix.py)
         self.vocab_size = vocab_size(model)
         self.reset()
 
@@ -88,7 +89,7 @@ class Target:
 
     def stable(self):
         """A context in which layers of this target's own classes run outside a target forward
-        (an MTP head) attend shape-stably as its forwards do (engines/dispatch.py); a no-op when off."""
+        (an MTP head) attend shape-stably as its forwards do (engines/runtime/dispatch.py); a no-op when off."""
         return stable_attention(self._attention)
 
     def _feed(self, ids: mx.array) -> Forward:
@@ -176,7 +177,7 @@ class Target:
 
     def verify_tree(self, tokens, parents: list[int]) -> Forward:
         """[root] + tree nodes in one forward, each node at its depth's position seeing
-        only its ancestors (engines/tree.py); logits [T, V], hidden [1, T, n * H] in node
+        only its ancestors (engines/runtime/tree.py); logits [T, V], hidden [1, T, n * H] in node
         order. Attention-only targets."""
         check_tree_capable(self.cache)
         ids = as_ids(tokens)

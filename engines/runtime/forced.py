@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engines.sampling import Sampler, drafts_then
-from engines.tree import tree_depths
+from engines.runtime.sampling import Sampler, drafts_then
+from engines.runtime.tree import tree_depths
 
 STREAM = 4  # the Sampler key stream of forced accept draws (0-3 are the sampler's own)
 
@@ -58,7 +58,7 @@ class Force:
     def path(self, parents: list[int], pos) -> list[int]:
         """A tree round's forced path (node indices, root's child first): down the first child at
         each depth (the drafter's order), as deep as the count allows and that chain reaches: the
-        walk engines/tree.py accept_tree_on_device takes with `forced`, so both executions agree."""
+        walk engines/runtime/tree.py accept_tree_on_device takes with `forced`, so both executions agree."""
         want = int(self.count(max(tree_depths(parents), default=0), pos).item())
         path, here = [], -1
         while len(path) < want:

@@ -39,13 +39,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from engines.hidden import decoder, hooked_layers
-from engines.patches import attention_function
+from engines.runtime.hidden import decoder, hooked_layers
+from engines.runtime.patches import attention_function
 
 
 def dispatch_defaults() -> dict:
     """{stage_every, stable_attention, small_m_gemm, fuse_rounds} for the current device (see the
-    module docstring, engines/gemm.py for small_m_gemm, engines/device.py for fuse_rounds: off
+    module docstring, engines/kernels/gemm.py for small_m_gemm, engines/methods/device.py for fuse_rounds: off
     until measured to pay on a device)."""
     cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
     return {"stage_every": 0, "stable_attention": cuda, "small_m_gemm": cuda, "fuse_rounds": False}
@@ -120,7 +120,7 @@ def additive(mask: mx.array, dtype, masks: dict | None = None) -> mx.array:
 def stable_attention(modules: list):
     """Within the block, causal multi-token attention over a plain KVCache in these
     `attention_modules` runs over the cache's whole buffer, masked (module docstring); the swap
-    itself is engines/patches.py `attention_function`. Nested, it installs once."""
+    itself is engines/runtime/patches.py `attention_function`. Nested, it installs once."""
     masks: dict = {}
     with attention_function(modules, lambda f: f if getattr(f, "bucketed", False) else _bucketed(f, masks)):
         yield

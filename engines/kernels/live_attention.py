@@ -1,6 +1,6 @@
 """One-token attention over a static KV buffer, its live length read on the device (CUDA).
 
-A static cache (engines/static.py) hands attention its whole buffer and a mask built from the
+A static cache (engines/runtime/static.py) hands attention its whole buffer and a mask built from the
 position. MLX's CUDA scaled_dot_product_attention takes its unfused path for any mask array,
 whatever the number of keys, so a static one-token step pays more than mlx-lm's, which hands
 the fused kernel exactly the live keys and no mask (the H100 measurement is in
@@ -9,7 +9,7 @@ over the keys [lo, len) of its buffer, where len is the cache's position (a devi
 no host read and one shape per buffer) and lo the start of a sliding window: no mask at all.
 
 `live_attention(modules)` swaps it in for one-token calls on a StaticKVCache (the swap is
-engines/patches.py `attention_function`); every other call (several tokens, a tree, attention
+engines/runtime/patches.py `attention_function`); every other call (several tokens, a tree, attention
 sinks, a plain cache) and every other device runs the original, masked. `reference` is the
 same computation in MLX ops: what the kernel must equal, and what the CPU tests check.
 """
@@ -20,7 +20,7 @@ from contextlib import contextmanager, nullcontext
 
 import mlx.core as mx
 
-from engines.patches import attention_function
+from engines.runtime.patches import attention_function
 
 WARPS = 4  # warps per query head: each takes every WARPS-th key, their partial softmaxes merged at the end
 
@@ -124,7 +124,7 @@ def _live(original, static_cache: type):
 
 
 def live_attention(modules: list, static_cache: type):
-    """Within the block, one-token attention on caches of type `static_cache` (engines/static.py's
+    """Within the block, one-token attention on caches of type `static_cache` (engines/runtime/static.py's
     StaticKVCache: `offset` its position, `capacity`, `window`) in these mlx-lm `modules` runs on the
     kernel (module docstring). A no-op where the kernel does not run."""
     if not kernel_available() or not modules:

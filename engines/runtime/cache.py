@@ -27,7 +27,7 @@ trimmed; three exact strategies are implemented (config `rollback`):
   are immutable, so this is a reference, not a copy); rollback restores it, trims
   every attention cache by T and re-feeds the n_keep accepted tokens: one extra
   target forward over n_keep tokens, no hooks into the model.
-engines/deltanet.py holds the recurrence and the hook; `rollback=auto` (the default)
+engines/kernels/deltanet.py holds the recurrence and the hook; `rollback=auto` (the default)
 times all three on the cell's own model and picks the fastest (harness/calibrate.py).
 """
 
@@ -40,8 +40,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from engines.deltanet import RecurrenceHook, kernel_available, recurrence
-from engines.hidden import decoder
+from engines.kernels.deltanet import RecurrenceHook, kernel_available, recurrence
+from engines.runtime.hidden import decoder
 
 ROLLBACK_STRATEGIES = ("capture", "recompute", "replay")
 
@@ -219,7 +219,7 @@ class Rollback:
 
     Usage per round: `with rb.verify(T): logits = model(tokens, cache)`, then
     `rb.commit(n_keep)`. Every other forward runs inside `rb.plain()`, so recurrent
-    layers take this backend's fused recurrence there too (engines/deltanet.py).
+    layers take this backend's fused recurrence there too (engines/kernels/deltanet.py).
     """
 
     def __init__(self, model: nn.Module, caches: list, strategy: str, forward):

@@ -42,8 +42,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Callable
 
+from engines.arms.external import External, stamped_events
 from engines.errors import Unsupported
-from engines.external import External, stamped_events
 from engines.home import home
 
 STDERR_TAIL = 40  # lines of the engine's log quoted in an error

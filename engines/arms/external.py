@@ -31,8 +31,8 @@ import mlx.core as mx
 
 from engines.base import Engine, Prefill, Round
 from engines.errors import Unsupported
-from engines.hidden import decoder
-from engines.patches import zlab_layers_restored, zlab_make_prompt_cache, zlab_snapshot_download
+from engines.runtime.hidden import decoder
+from engines.runtime.patches import zlab_layers_restored, zlab_make_prompt_cache, zlab_snapshot_download
 
 ANCHORS_INSTALL = "pip install -e '.[anchors]'"
 
@@ -185,12 +185,14 @@ class MlxLmSpec(External):
     def __init__(self, target, cfg):
         from mlx_lm.models.cache import RotatingKVCache, can_trim_prompt_cache, make_prompt_cache
 
-        from engines.draft_model import DEFAULT_BLOCK_SIZE, load_draft_model  # mlx-lm's cache: loaded by this arm only
+        from engines.drafters.draft_model import load_draft_model  # mlx-lm's cache: loaded by this arm only
+        from engines.methods.draft_model import DEFAULT_BLOCK_SIZE
 
         super().__init__(target, cfg)
         refuse_cast_kv(target, "mlx_lm_spec")
         self.draft_model, self.config = load_draft_model(Path(cfg.drafter), target)
         self.k = (cfg.block_size or DEFAULT_BLOCK_SIZE) - 1
+        self.block = self.k + 1
         fresh = make_prompt_cache(target.model) + make_prompt_cache(self.draft_model)
         if not can_trim_prompt_cache(fresh):
             kinds = sorted({type(c).__name__ for c in fresh if not c.is_trimmable()})
@@ -238,7 +240,7 @@ class MlxLmSpec(External):
 
 class DFlashZlab(External):
     """z-lab's MLX DFlash `stream_generate`, on the cell's target and drafter directories. What
-    it patches in the target, and what the arm patches in it, engines/patches.py undoes."""
+    it patches in the target, and what the arm patches in it, engines/runtime/patches.py undoes."""
 
     name = "dflash_zlab"
     knobs = ("block_size", "drafter")

@@ -3,7 +3,7 @@
 Drafters (DFlash, EAGLE-3, MTP) condition on the target's hidden states. They are
 captured by swapping hooks into the decoder's layer list for the duration of one
 forward (`capture_hidden`) and always swapping the original layers back, so no
-patched class or module outlives the call (the swap: engines/patches.py `decoder_layers`).
+patched class or module outlives the call (the swap: engines/runtime/patches.py `decoder_layers`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from functools import partial
 import mlx.core as mx
 import mlx.nn as nn
 
-from engines.patches import decoder_layers
+from engines.runtime.patches import decoder_layers
 
 
 def text_model(model: nn.Module) -> nn.Module:
@@ -83,7 +83,7 @@ class _Hook:
 @contextmanager
 def hooked_layers(model: nn.Module, seen: dict):
     """Within the block, decoder layer i hands every output hidden state [B, T, H] to
-    seen[i]; the original layers are always put back (engines/patches.py `decoder_layers`)."""
+    seen[i]; the original layers are always put back (engines/runtime/patches.py `decoder_layers`)."""
     with decoder_layers(decoder(model).layers, {i: partial(_Hook, seen=fn) for i, fn in seen.items()}):
         yield
 

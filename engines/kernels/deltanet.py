@@ -8,7 +8,7 @@ fused). Here a fused CUDA kernel (`mx.fast.cuda_kernel`) takes its place on CUDA
 also write the state after every step, which is what exact rollback needs.
 
 `RecurrenceHook` swaps the module-level name for the duration of one target forward (the
-swap itself is engines/patches.py `gated_delta_update`, and `conv1d` for the taps):
+swap itself is engines/runtime/patches.py `gated_delta_update`, and `conv1d` for the taps):
 - "plain": the recurrence only, fused where this backend has a kernel;
 - "capture": also keep the state after every step (rollback picks one: no recompute);
 - "recompute": keep the recurrence's inputs, so a rollback can re-run it over the
@@ -27,7 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gated_delta as gd
 
-from engines.patches import conv1d, gated_delta_update
+from engines.runtime.patches import conv1d, gated_delta_update
 
 _SOURCE = r"""
     // grid (32, Dv, B*Hv) threads in blocks of (32, 4, 1): one warp per value row,

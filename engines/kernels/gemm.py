@@ -31,7 +31,7 @@ from math import prod
 import mlx.core as mx
 import mlx.nn as nn
 
-from engines.patches import linear_call
+from engines.runtime.patches import linear_call
 
 MAX_ROWS = 16
 WARP_CHOICES = (8, 6, 4, 3, 2, 1)  # warps per block split K: the most that divide K / 32 evenly
@@ -253,7 +253,7 @@ def small_m_linears(enabled: bool, matmul=None, grouped=None):
     """Within the block, every nn.Linear over 2-16 rows in bf16/fp16 runs small_m_matmul, and
     linears that read the same input run as one grouped_matmul launch (`_Runs`); `matmul` and
     `grouped` replace the two for tests. Quantized layers are their own class and stay as they are.
-    The swap of nn.Linear.__call__ itself is engines/patches.py `linear_call`."""
+    The swap of nn.Linear.__call__ itself is engines/runtime/patches.py `linear_call`."""
     if not enabled or getattr(nn.Linear.__call__, "small_m", False):  # off, or installed already
         yield
         return

@@ -235,7 +235,7 @@ def read_tensors(path: Path, rename=lambda k: k) -> dict[str, mx.array]:
     `pytorch_model.bin`, read without torch or pickle code), keys passed through `rename`."""
     files = sorted(path.glob("*.safetensors"))
     if not files and (path / "pytorch_model.bin").is_file():
-        from engines.torch_bin import read_torch_bin  # numpy and a zip reader, for .bin checkpoints only
+        from engines.runtime.torch_bin import read_torch_bin  # numpy and a zip reader, for .bin checkpoints only
 
         return {rename(k): v for k, v in read_torch_bin(path / "pytorch_model.bin").items()}
     if not files:

@@ -26,10 +26,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from engines.dispatch import attention_modules
-from engines.hidden import decoder
-from engines.live_attention import kernel_available as live_kernel_available
-from engines.live_attention import live_attention
+from engines.kernels.live_attention import kernel_available as live_kernel_available
+from engines.kernels.live_attention import live_attention
+from engines.runtime.dispatch import attention_modules
+from engines.runtime.hidden import decoder
 
 CAPACITY_STEP = 512  # positions are allocated in buckets of this many: few capacities, few traces
 DEFAULT_RESERVE = 1024  # positions a prefill leaves room for when its caller names none (calibration)
@@ -189,7 +189,7 @@ class StaticTarget:
     """
 
     def __init__(self, model: nn.Module, shapes: list[Shape], hidden_layers: tuple[int, ...] = (), kv: str = "native"):
-        from engines.hidden import activation_dtype, vocab_size
+        from engines.runtime.hidden import activation_dtype, vocab_size
 
         self.model, self.hidden_layers, self.kv = model, tuple(hidden_layers), kv
         storage = getattr(mx, kv) if kv in ("float16", "bfloat16") else None
@@ -198,7 +198,7 @@ class StaticTarget:
         self.traces = 0  # compiled traces made: one per (T, capacity) bucket, never one per step
         self.fed_tokens = 0
         self._compiled = mx.compile(self._run, inputs=self.state.arrays, outputs=self.state.arrays)
-        # one-token attention on the live-length kernel where it runs (engines/live_attention.py)
+        # one-token attention on the live-length kernel where it runs (engines/kernels/live_attention.py)
         self._attention = attention_modules(model) if live_kernel_available() else []
 
     @property
@@ -209,7 +209,7 @@ class StaticTarget:
     def _run(self, ids: mx.array):
         # [T] ids at the caches' position -> logits [T, V] and hidden [1, T, n * H] (or a [0] placeholder).
         self.traces += 1  # runs only while mx.compile traces
-        from engines.hidden import capture_hidden
+        from engines.runtime.hidden import capture_hidden
 
         with live_attention(self._attention, StaticKVCache):
             if not self.hidden_layers:
@@ -221,7 +221,7 @@ class StaticTarget:
     def prefill(self, prompt, reserve: int = DEFAULT_RESERVE):
         """Fresh buffers for len(prompt) + reserve positions, the prompt fed (eagerly, in chunks);
         Forward(logits [V] at its last position, hidden [1, T, n * H] or None)."""
-        from engines.target import PREFILL_CHUNK, Forward, as_ids
+        from engines.runtime.target import PREFILL_CHUNK, Forward, as_ids
 
         ids = as_ids(prompt)
         self.state.reset(capacity_for(ids.shape[0] + reserve))
@@ -238,7 +238,7 @@ class StaticTarget:
 
     def forward(self, tokens):
         """Feed ids [T] at the current position (compiled); Forward(logits [T, V], hidden [1, T, n * H] or None)."""
-        from engines.target import Forward, as_ids
+        from engines.runtime.target import Forward, as_ids
 
         ids = as_ids(tokens)
         self.fed_tokens += ids.shape[0]
@@ -267,7 +267,7 @@ class StaticTarget:
 
     @property
     def layout(self):
-        from engines.cache import CacheLayout
+        from engines.runtime.cache import CacheLayout
 
         n = len(self.state.shapes)
         return CacheLayout(["StaticKVCache"] * n, n if self.state.storage is not None else 0,
@@ -317,11 +317,11 @@ def tree_mask(cache: StaticKVCache, depths: mx.array, ancestors: mx.array, windo
 @contextmanager
 def static_tree_attention(model: nn.Module, depths: mx.array, ancestors: mx.array):
     """Within the block a forward of the T tokens runs as a tree over static caches (tree_mask,
-    and engines/tree.py's per-token rope); depths [T] int32 and ancestors [T, T] may be traced arrays."""
+    and engines/runtime/tree.py's per-token rope); depths [T] int32 and ancestors [T, T] may be traced arrays."""
     import sys
 
-    from engines.patches import attention_mask, rope
-    from engines.tree import _TreeRope
+    from engines.runtime.patches import attention_mask, rope
+    from engines.runtime.tree import _TreeRope
 
     attns = [layer.self_attn for layer in decoder(model).layers if hasattr(layer, "self_attn")]
     module = sys.modules[type(decoder(model)).__module__]
@@ -348,7 +348,7 @@ class StaticTree:
 
     def _run(self, ids: mx.array, depths: mx.array, ancestors: mx.array):
         self.traces += 1  # runs only while mx.compile traces
-        from engines.hidden import capture_hidden
+        from engines.runtime.hidden import capture_hidden
 
         t = self.target
         with static_tree_attention(t.model, depths, ancestors):
@@ -362,7 +362,7 @@ class StaticTree:
         """[root] + nodes, ids [T], at the position (root) and after it: depths [T] int32 (root 0),
         ancestors [T, T] bool (ancestor-or-self); Forward(logits [T, V], hidden [1, T, n * H] or None)
         in tree order. The position advances by T (keep_path then keeps the accepted path)."""
-        from engines.target import Forward
+        from engines.runtime.target import Forward
 
         assert tokens.shape[0] == depths.shape[0] == ancestors.shape[0] == ancestors.shape[1], "tree shapes disagree"
         self.target.fed_tokens += tokens.shape[0]
