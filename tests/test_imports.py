@@ -319,3 +319,38 @@ if __name__ == "__main__":
     for imp in lazy:
         print(f"{_where(imp, modules(REPO))}: {imp.target}")
     print(f"function-level imports of project modules: {len(lazy)}")
+
+
+# Library-internal modules a runtime or kernel builds on (a rope over tree positions, a conv tap): not drafters.
+RUNTIME_MODULES = {"engines.runtime.tree._TreeRope", "engines.kernels.deltanet._ConvTap"}
+
+
+def _nn_modules(path: Path) -> list[str]:
+    """Classes in `path` that derive from mlx's nn.Module (by their base's spelling)."""
+    tree = ast.parse(path.read_text())
+    return [n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)
+            and any(ast.unparse(b) in ("nn.Module", "mlx.nn.Module", "Module") for b in n.bases)]
+
+
+def test_drafter_networks_live_in_engines_drafters_and_train_takes_them_from_there():
+    known = modules(REPO)
+    outside = [f"{name}.{cls}" for name, path in known.items()
+               if name.split(".")[0] in ("engines", "harness", "train") and not name.startswith("engines.drafters")
+               for cls in _nn_modules(path) if f"{name}.{cls}" not in RUNTIME_MODULES]
+    assert not outside, f"networks defined outside engines/drafters/: {outside} (docs/adding-a-method.md)"
+    wrong = [f"{_where(imp, known)}: {imp.target}" for imp in import_graph() if imp.source.startswith("train.")
+             and imp.target.startswith("engines.methods.")]
+    assert not wrong, f"train/ takes drafters from engines/drafters/, not from the methods: {wrong}"
+
+
+def test_the_drafter_kinds_are_listed_once():
+    from engines.drafters import DRAFTERS, KINDS
+    from train.__main__ import OBJECTIVES
+
+    assert set(OBJECTIVES) == set(KINDS) and KINDS == tuple(DRAFTERS)
+    for kind in KINDS:  # each kind's module exists where the table says
+        assert (REPO / (DRAFTERS[kind].module.replace(".", "/") + ".py")).is_file(), kind
+    listed = re.compile(r"\(\s*\"(eagle3|dflash|mtp|draft_model)\",\s*\"(eagle3|dflash|mtp|draft_model)\"")
+    again = [f"{p.relative_to(REPO)}:{n}" for d in ("engines", "harness", "train") for p in (REPO / d).rglob("*.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if listed.search(line)]
+    assert not again, f"a list of drafter kinds besides engines/drafters DRAFTERS: {again}"

@@ -28,6 +28,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from engines.drafters import DRAFTERS
 from engines.home import home
 from harness.models import fixtures
 
@@ -71,7 +72,8 @@ PRESETS = {
 DRAFT_MODEL = {"llama-3b": "llama-1b", "llama-8b": "llama-1b", "qwen2.5-1.5b": "qwen2.5-0.5b",
                "qwen2.5-7b": "qwen2.5-0.5b", "llama-tiny": "llama-tiny-draft"}
 
-DRAFTER_KINDS = ("dflash", "eagle3", "mtp")  # the random drafters built beside every preset
+# the random drafters built beside every preset: each kind whose drafter is not a whole model (engines/drafters)
+DRAFTER_KINDS = tuple(k for k, d in DRAFTERS.items() if d.found != "model")
 EAGLE3_DRAFT_VOCAB = 32000  # as EAGLE-3's releases for Llama 3.1 8B
 BUILD = 2  # bump when what a build writes changes: built presets are then rebuilt
 
@@ -90,9 +92,8 @@ def build(preset: str, dest: Path) -> None:
     fixtures.write_tokenizer(dest)  # ids < 1024 only: a subset of the model's vocabulary
     save_model(dest, model)
     save_config(dict(spec), dest / "config.json")
-    build_dflash(preset, drafter_dir(dest, "dflash"))
-    build_eagle3(preset, drafter_dir(dest, "eagle3"))
-    build_mtp(model, drafter_dir(dest, "mtp"))
+    for kind in DRAFTER_KINDS:
+        BUILDERS[kind](preset, model, drafter_dir(dest, kind))
     (dest / "scale.json").write_text(json.dumps({"preset": preset, "build": build_hash(preset)}))  # last: complete
 
 
@@ -130,7 +131,7 @@ def eagle3_spec(preset: str) -> dict:
             "transformer_layer_config": {"model_type": "llama", "rope_theta": 10000.0, **layer}}
 
 
-def build_dflash(preset: str, dest: Path) -> None:
+def build_dflash(preset: str, model, dest: Path) -> None:
     import mlx.core as mx
 
     from engines.drafters.dflash import (DFlashConfig, DFlashDrafter,  # MLX, mlx-lm: a spec resolves without
@@ -141,7 +142,7 @@ def build_dflash(preset: str, dest: Path) -> None:
     save_drafter(DFlashDrafter(DFlashConfig.from_json(spec, f"dflash_spec({preset})")), dest)
 
 
-def build_eagle3(preset: str, dest: Path) -> None:
+def build_eagle3(preset: str, model, dest: Path) -> None:
     import mlx.core as mx
 
     from engines.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
@@ -150,7 +151,7 @@ def build_eagle3(preset: str, dest: Path) -> None:
     save_eagle3(Eagle3Drafter(Eagle3Config.from_json(eagle3_spec(preset), f"eagle3_spec({preset})")), dest)
 
 
-def build_mtp(model, dest: Path) -> None:
+def build_mtp(preset: str, model, dest: Path) -> None:
     """One MTP layer of the target's own class and width (engines/methods/mtp.py), in the drafter form train/ writes."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -163,6 +164,9 @@ def build_mtp(model, dest: Path) -> None:
     write_checkpoint(dest, {"architectures": ["MTPHead"], "target_model_type": model.model_type,
                             "hidden_size": model.args.hidden_size},
                      {f"mtp.{k}": v for k, v in tree_flatten(head.parameters())})
+
+
+BUILDERS = {"dflash": build_dflash, "eagle3": build_eagle3, "mtp": build_mtp}  # kind -> (preset, target, dir)
 
 
 def build_hash(preset: str) -> str:
