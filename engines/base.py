@@ -136,6 +136,7 @@ class Engine:
     scores: ClassVar[bool] = False  # True: an external arm that yields its own log-probabilities per token
     caps_drafts: ClassVar[bool] = False  # True: draft() stops at self.max_drafts, set by the loop each round
     execution: ClassVar[str] = "eager"  # "static": rounds stay on the device (engines/methods/device.py)
+    adapts_drafts: ClassVar[bool] = False  # True: draft() honours method.draft_threshold (adaptive draft length)
 
     def __init__(self, target: Target, cfg):
         self.target, self.cfg = target, cfg

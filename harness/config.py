@@ -67,6 +67,8 @@ class MethodConfig:
     model: Optional[str] = None  # server: the model name sent in requests (null = none: the one it loaded)
     launch: Optional[str] = None  # server: command line that starts it for the cell (null = already running)
     force: ForceConfig = field(default_factory=ForceConfig)  # drafting methods: a chosen acceptance (not lossless)
+    draft_threshold: Optional[float] = None  # adaptive draft length (draft_model, dflash_a): drafts stop before
+    #                                          the first the drafter gives less than this probability; null = always K
 
 
 @dataclass
@@ -232,6 +234,7 @@ def validate(cfg) -> None:
             raise ConfigError(f"also_against={cfg.also_against} is already an arm of the cell (the method or the "
                               "reference); name another implementation, or leave it null")
     _check_dispatch(cfg.dispatch)
+    _check_threshold(cfg.method, get_engine(cfg.method.name, cfg.execution))
     if "block_size" in engine.knobs:
         check_block(cfg.method.block_size, cfg.bench.max_new_tokens)
     if cfg.lock_timeout_s is not None:
@@ -282,6 +285,18 @@ def _check_force(m) -> None:
     else:
         check_range("method.force.rate", f.rate, 0, 1, "each position's acceptance, given the one before")
     check_range("method.force.seed", f.seed, 0, 2**32 - 1, "seed of the rate's draws")
+
+
+def _check_threshold(m, engine) -> None:
+    # method.draft_threshold: adaptive draft length, on an engine that drafts a varying count (not fixed shapes).
+    t = m.get("draft_threshold")
+    if t is None:
+        return
+    if not engine.adapts_drafts:
+        raise ConfigError(f"method.draft_threshold applies to methods that draft a varying number of tokens a round "
+                          f"(draft_model and dflash_a, eagerly); {m.name} under execution={engine.execution} drafts a fixed "
+                          "block: leave it null")
+    check_range("method.draft_threshold", t, 0, 1, "the drafter's probability of its draft below which drafting stops")
 
 
 # method knob -> (lowest, highest, what it sizes): each bound is what one round or one request can hold.
@@ -366,6 +381,8 @@ def canonical_cell(cfg) -> dict:
     force = Force.from_config(cfg.method.get("force"))
     if force is not None:  # only when set: ids stay
         method["force"] = force.describe()
+    if cfg.method.get("draft_threshold") is not None:  # only when set: ids stay
+        method["draft_threshold"] = cfg.method.draft_threshold
     dispatch = {k: v for k, v in OmegaConf.to_container(cfg.dispatch).items() if v is not None}
     arch = OmegaConf.to_container(cfg.arch, resolve=True)
     if arch.get("gguf_dequantize", True):

@@ -142,6 +142,9 @@ def _keys(rec: dict, labels: dict[str, tuple[str, str]]) -> dict:
     forced = _forced_setting(rec)
     if forced:  # a chosen acceptance (engines/runtime/forced.py): not the drafter's
         method += f" [forced {forced}]"
+    threshold = cell["method"].get("draft_threshold")
+    if isinstance(threshold, (int, float)) and not isinstance(threshold, bool):  # adaptive draft length
+        method += f" [drafts while p >= {threshold:g}]"
     if bench:
         method += f" ({bench})"
     return {"arch": arch, "method": method,

@@ -50,7 +50,7 @@ def test_invalid_values_are_rejected_with_the_valid_ones(overrides, message):
                       "mlx_lm_spec, mtp, ngram, ngram_b8, server, subprocess"),
     (["method=base,nope"], "unknown method 'nope'"),
     (["bench.reps_typo=2"], "bench has: suite"),
-    (["+sweep=nope"], "available: cost-curves, gemma4, llama, qwen35, qwen_coder, smollm2, smollm2-axes, smollm2-static, smollm2_full"),
+    (["+sweep=nope"], "available: cost-curves, cost-curves-qwen-shape, cost-curves-scale, gemma4, llama, qwen35, qwen_coder, smollm2, smollm2-axes, smollm2-static, smollm2_full"),
 ])
 def test_unknown_options_and_keys_are_caught_before_hydra_runs(args, message):
     with pytest.raises(ConfigError, match=message):

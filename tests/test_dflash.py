@@ -163,3 +163,18 @@ def test_a_decode_step_attends_like_the_training_forward_over_the_same_context(l
     assert [c.offset for c in cache] == [8, 8]
     trained = drafter(x2, mx.concatenate([ctx1, ctx2], axis=1), anchors=mx.array([8]))
     assert mx.allclose(decoded, trained, atol=1e-5).item(), mx.abs(decoded - trained).max().item()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen35"])
+def test_a_draft_threshold_cuts_the_block_before_its_first_unsure_draft_and_stays_lossless(models, arch):
+    model, tok = models[arch]
+    cut = engine_cfg(drafter=str(fixtures.drafter_dir("dflash", arch)), draft_threshold=0.3)
+    eng = DFlashA.build(model, cut)
+    drafted = []
+    for _, ids in list(_units(tok))[:4]:
+        want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        got = generate_ids(eng, ids, NEW_TOKENS)
+        assert got.tokens == want  # a shorter block, the same exact rollback (DeltaNet state on qwen35)
+        drafted += [r.drafted for r in got.rounds]
+    k = eng.block - 1
+    assert max(drafted) <= k and len(set(drafted)) >= 3 and min(drafted) < k, drafted

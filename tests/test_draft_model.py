@@ -212,3 +212,40 @@ def test_tokens_that_arrive_with_the_first_are_not_decode_tokens():
     assert gen.decode_tokens == 5  # not the 3 that came with the first token
     assert gen.acceptance()["tau"] == 8 / 3  # acceptance still counts every round
     assert gen.rounds[0].with_first and not any(r.with_first for r in gen.rounds[1:])
+
+
+def test_a_draft_threshold_stops_drafting_at_the_first_unsure_draft_and_stays_lossless(models):
+    model, tok = models["llama"]
+    drafter = fixture_dir("qwen35")  # disagrees with llama often: its confidence varies
+    fixed = DraftModel(Target(model), cfg(drafter, block_size=6))
+    adaptive = DraftModel(Target(model), engine_cfg(name="draft_model", block_size=6, drafter=str(drafter),
+                                                   verify="batched", draft_threshold=0.5))
+    never = DraftModel(Target(model), engine_cfg(name="draft_model", block_size=6, drafter=str(drafter),
+                                                verify="batched", draft_threshold=0.0))
+    drafted, fixed_drafted, accepted = [], 0, 0
+    for uid, ids in list(_units(tok))[:6]:
+        want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        got = generate_ids(adaptive, ids, NEW_TOKENS)
+        assert got.tokens == want, uid
+        assert generate_ids(never, ids, NEW_TOKENS).tokens == want  # a threshold of 0 stops nothing
+        ref = generate_ids(fixed, ids, NEW_TOKENS)
+        drafted += [r.drafted for r in got.rounds]
+        accepted += sum(r.accepted for r in got.rounds)
+        fixed_drafted += sum(r.drafted for r in ref.rounds)
+    assert max(drafted) <= 5 and len(set(drafted)) >= 3, drafted  # a varying K, never above the block's
+    assert 0 in drafted  # a first draft below the threshold: the round is one decode step
+    assert sum(drafted) < fixed_drafted and accepted / max(sum(drafted), 1) > 0  # fewer drafts than always-K
+
+
+def test_a_draft_threshold_is_refused_where_the_block_is_fixed():
+    from harness.config import validate
+    from harness.errors import ConfigError
+    from tests.test_config import cfg as compose
+
+    with pytest.raises(ConfigError, match="method.draft_threshold applies to methods that draft a varying number"):
+        validate(compose("arch=llama", "method=dflash_c", "method.draft_threshold=0.5"))
+    with pytest.raises(ConfigError, match="under execution=static drafts a fixed block"):
+        validate(compose("arch=llama", "method=draft_model", "execution=static", "method.draft_threshold=0.5"))
+    with pytest.raises(ConfigError, match="method.draft_threshold=1.5"):
+        validate(compose("arch=llama", "method=draft_model", "method.draft_threshold=1.5"))
+    validate(compose("arch=llama", "method=draft_model", "method.draft_threshold=0.5"))

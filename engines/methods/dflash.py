@@ -43,6 +43,7 @@ class DFlash(Engine):
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
+        self.threshold = getattr(cfg, "draft_threshold", None)  # adaptive draft length (dflash_a); None: always K
         self.drafter = load_drafter(cfg.drafter, target.model)
         self.block = cfg.block_size or self.drafter.config.block_size
         self.mask_id = self.drafter.config.mask_token_id
@@ -85,6 +86,9 @@ class DFlash(Engine):
             logits = self.drafter.logits(lm_head(self.target.model, h, softcap=False))[0]  # [K, V]
         tokens, q = self.sampler.propose(logits, len(history) - self.prompt_len)  # [K] on the device
         self.prof.mark("drafter_argmax", tokens)
+        if self.threshold is not None:  # adaptive draft length: the block cut before its first unsure draft
+            m = _sure_prefix(logits, tokens, self.threshold)
+            tokens, q = tokens[:m], (q[:m] if q is not None else None)
         return Draft(tokens, q)
 
     def caches(self):
@@ -103,7 +107,15 @@ class DFlash(Engine):
         return {**super().describe(), "drafter_layers": c.num_hidden_layers, "target_layer_ids": list(c.target_layer_ids),
                 "drafter_block_size": c.block_size, "block_size": self.block, "layer_types": list(c.layer_types),
                 "sliding_window": c.sliding_window, "block_causal": [c.causal(i) for i in range(c.num_hidden_layers)],
-                "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling}
+                "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling, "draft_threshold": self.threshold}
+
+
+def _sure_prefix(logits: mx.array, tokens: mx.array, threshold: float) -> int:
+    """How many of the block's drafts (tokens [K], from logits [K, V]) come before the first the drafter gives
+    less than `threshold` probability: one host read a round, what the early stop costs."""
+    p = mx.softmax(logits.astype(mx.float32), axis=-1)[mx.arange(tokens.shape[0]), tokens]  # [K]
+    unsure = (p < threshold).tolist()
+    return unsure.index(True) if True in unsure else len(unsure)
 
 
 class DFlashA(DFlash):
@@ -111,6 +123,7 @@ class DFlashA(DFlash):
 
     name = "dflash_a"
     knobs = ("block_size", "drafter", "verify")
+    adapts_drafts = True
 
     def _commit(self, n_accepted):
         self.target.commit(n_accepted + 1)

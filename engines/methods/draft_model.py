@@ -33,9 +33,11 @@ class DraftModel(Engine):
     knobs = ("block_size", "drafter", "verify")
     drafter_kind = "draft_model"
     caps_drafts = True  # each draft is a step of the draft model: none past what the budget can emit
+    adapts_drafts = True
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
+        self.threshold = getattr(cfg, "draft_threshold", None)  # adaptive draft length; None: always K
         self.k = (cfg.block_size or DEFAULT_BLOCK_SIZE) - 1
         if self.k < 1:
             raise Unsupported(f"draft_model needs method.block_size >= 2 (one draft or more); got {cfg.block_size}")
@@ -80,10 +82,20 @@ class DraftModel(Engine):
                 logits = self.dm.forward(tokens[-1]).logits  # [1] id on the device -> [1, V]
                 self.marks.append(self.dm.mark())
             t, q = self.sampler.propose(logits, pos + i)
+            if self.threshold is not None and self._unsure(logits, t):
+                break  # adaptive draft length: a host read per draft step, what an early stop costs
             tokens.append(t)
             qs.append(q)
+        if not tokens:
+            return Draft()
         self.prof.mark("draft_model", tokens[-1])
         return Draft(mx.concatenate(tokens), mx.concatenate(qs) if qs[0] is not None else None)
+
+    def _unsure(self, logits: mx.array, token: mx.array) -> bool:
+        """Whether the draft model gives its draft `token` ([1] id) less than the threshold's probability
+        (logits [1, V]): drafting stops before it (SpecDec++'s rule with the drafter's own confidence)."""
+        p = mx.softmax(logits[0].astype(mx.float32))[token[0]]
+        return p.item() < self.threshold
 
     def rollback(self, n_accepted, draft):
         self.target.commit(n_accepted + 1)
@@ -95,7 +107,8 @@ class DraftModel(Engine):
         return [*super().caches(), *self.dm.cache]
 
     def describe(self):
-        return {**super().describe(), "k": self.k, "drafter_model_type": self.config.get("model_type"),
+        return {**super().describe(), "k": self.k, "draft_threshold": self.threshold,
+                "drafter_model_type": self.config.get("model_type"),
                 "drafter_layers": self.config.get("num_hidden_layers"),
                 "drafter_cache_types": sorted(set(self.dm.layout.types)), "drafter_fed_tokens": self.dm.fed_tokens}
 
