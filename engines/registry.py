@@ -16,6 +16,7 @@ ENGINES = {
     "dflash_a": "engines.methods.dflash:DFlashA",
     "dflash_c": "engines.methods.dflash:DFlashC",
     "dflash_zlab": "engines.arms.external:DFlashZlab",
+    "ddtree": "engines.methods.ddtree:DDTree",
     "draft_model": "engines.methods.draft_model:DraftModel",
     "eagle3": "engines.methods.eagle3:Eagle3",
     "mlx_lm": "engines.arms.external:MlxLm",

@@ -13,6 +13,7 @@ import pytest
 import harness.loop as loop
 from engines.drafters.dflash import DFlashConfig, DFlashDrafter, save_drafter
 from engines.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
+from engines.methods.ddtree import DDTree
 from engines.methods.dflash import DFlashA
 from engines.methods.eagle3 import Eagle3
 from tests.conftest import engine_cfg
@@ -51,6 +52,8 @@ def tiny(tmp_path_factory):
                                                                  verify="batched")),
         "eagle3": lambda: Eagle3.build(model, engine_cfg(drafter=str(root / "eagle3"), verify="batched",
                                                                 depth=2, top_k=2, total_tokens=4)),
+        "ddtree": lambda: DDTree.build(model, engine_cfg(block_size=3, drafter=str(root / "dflash"), verify="batched",
+                                                         top_k=2, total_tokens=4)),
     }
     return model, engines, _counts(base_engine(model))
 
@@ -73,7 +76,7 @@ def _threshold_accept(tokens, q, logits, sampler, pos):
     return mx.array([n, *x[:n], last.item()])
 
 
-@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+@pytest.mark.parametrize("method", ["dflash", "eagle3", "ddtree"])
 def test_sampled_output_has_the_targets_distribution_and_a_threshold_acceptance_does_not(tiny, method, monkeypatch):
     model, engines, base = tiny
     # Measured at 300 generations: 12.7 (dflash) and 9.9 (eagle3) on 13 dof against a bound of

@@ -46,6 +46,7 @@ class DFlash(Engine):
         self.threshold = getattr(cfg, "draft_threshold", None)  # adaptive draft length (dflash_a); None: always K
         self.drafter = load_drafter(cfg.drafter, target.model)
         self.block = cfg.block_size or self.drafter.config.block_size
+        self.draft_block = self.block  # positions a drafter pass fills ([pending, mask x K]); a tree verifies more
         self.mask_id = self.drafter.config.mask_token_id
         self._check_hidden_layers(self.drafter.config.target_layer_ids)
         for layer in self.drafter.layers:
@@ -69,7 +70,19 @@ class DFlash(Engine):
         return hidden  # [1, S, n*H]
 
     def draft(self, history):
-        k = self.block - 1
+        logits = self.block_logits(history)  # [K, V]
+        tokens, q = self.sampler.propose(logits, len(history) - self.prompt_len)  # [K] on the device
+        self.prof.mark("drafter_argmax", tokens)
+        if self.threshold is not None:  # adaptive draft length: the block cut before its first unsure draft
+            m = _sure_prefix(logits, tokens, self.threshold)
+            tokens, q = tokens[:m], (q[:m] if q is not None else None)
+        return Draft(tokens, q)
+
+    def block_logits(self, history) -> mx.array:
+        """The drafter's forward over [pending, mask x K] after the pending context: logits [K, V] of the
+        block's K positions, each from the same pass (a position's distribution does not depend on the
+        tokens drafted before it)."""
+        k = self.draft_block - 1
         ids = mx.array([[history[-1]] + [self.mask_id] * k], dtype=mx.int32)
         x = embed(self.target.model, ids)  # [1, K+1, H], the target's own embedding scale included
         if self.drafter.config.input_embedding_scale != 1.0:
@@ -83,13 +96,7 @@ class DFlash(Engine):
             self.prof.mark("extract", ctx)
             h = self.drafter(x, ctx, self.dcache)[:, 1:]  # [1, K, H]
             self.prof.mark("drafter_fwd", h)
-            logits = self.drafter.logits(lm_head(self.target.model, h, softcap=False))[0]  # [K, V]
-        tokens, q = self.sampler.propose(logits, len(history) - self.prompt_len)  # [K] on the device
-        self.prof.mark("drafter_argmax", tokens)
-        if self.threshold is not None:  # adaptive draft length: the block cut before its first unsure draft
-            m = _sure_prefix(logits, tokens, self.threshold)
-            tokens, q = tokens[:m], (q[:m] if q is not None else None)
-        return Draft(tokens, q)
+            return self.drafter.logits(lm_head(self.target.model, h, softcap=False))[0]  # [K, V]
 
     def caches(self):
         return [*super().caches(), *getattr(self, "dcache", [])]
