@@ -25,6 +25,7 @@ ENGINES = {
     "ngram": "engines.methods.ngram:Ngram",
     "server": "engines.arms.outside:ServerArm",
     "subprocess": "engines.arms.outside:SubprocessArm",
+    "suffix": "engines.methods.suffix:Suffix",
 }
 
 # The same methods with rounds that stay on the device (engines/methods/device.py), for execution=static.

@@ -60,6 +60,7 @@ class MethodConfig:
     total_tokens: int = 16  # eagle3: tree nodes kept for verification
     min_ngram: int = 1  # ngram: shortest suffix n-gram to match
     max_ngram: int = 3  # ngram: longest suffix n-gram to match (tried first)
+    workload: bool = True  # suffix: match the cell's earlier outputs of other prompts too, not only this request
     command: Optional[str] = None  # subprocess: the engine's command line (engines/arms/outside.py: the protocol)
     startup_timeout_s: float = 300.0  # subprocess / server: how long it may take to be ready (healthy)
     request_timeout_s: float = 300.0  # subprocess / server: the longest a whole request may take

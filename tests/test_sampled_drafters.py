@@ -15,6 +15,7 @@ from engines.drafters.dflash import DFlashConfig, DFlashDrafter, save_drafter
 from engines.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
 from engines.methods.ddtree import DDTree
 from engines.methods.dflash import DFlashA
+from engines.methods.suffix import Suffix
 from engines.methods.eagle3 import Eagle3
 from tests.conftest import engine_cfg
 from tests.helpers import base_engine
@@ -52,6 +53,8 @@ def tiny(tmp_path_factory):
                                                                  verify="batched")),
         "eagle3": lambda: Eagle3.build(model, engine_cfg(drafter=str(root / "eagle3"), verify="batched",
                                                                 depth=2, top_k=2, total_tokens=4)),
+        "suffix": lambda: Suffix.build(model, engine_cfg(name="suffix", min_ngram=1, max_ngram=8, total_tokens=4,
+                                                         workload=True, verify="batched")),
         "ddtree": lambda: DDTree.build(model, engine_cfg(block_size=3, drafter=str(root / "dflash"), verify="batched",
                                                          top_k=2, total_tokens=4)),
     }
@@ -85,4 +88,18 @@ def test_sampled_output_has_the_targets_distribution_and_a_threshold_acceptance_
     assert stat < _chi2_999(dof), (stat, dof)
     monkeypatch.setattr(loop, "accept_speculative", _threshold_accept)
     stat, dof = _chi2(base, _counts(engines[method]()))
+    assert stat > _chi2_999(dof), (stat, dof)
+
+
+def _keep_every_draft(tokens, choices):
+    # The deterministic-draft rule with its comparison dropped: every draft kept, then the target's token after.
+    return mx.concatenate([mx.array([tokens.shape[0]]), tokens, choices[tokens.shape[0]:][:1]]).astype(mx.int32)
+
+
+def test_deterministic_drafts_keep_the_targets_distribution_and_keeping_every_draft_does_not(tiny, monkeypatch):
+    model, engines, base = tiny  # suffix decoding's drafts carry no q: the loop's deterministic-draft rule
+    stat, dof = _chi2(base, _counts(engines["suffix"]()))
+    assert stat < _chi2_999(dof), (stat, dof)
+    monkeypatch.setattr(loop, "accept_deterministic", _keep_every_draft)
+    stat, dof = _chi2(base, _counts(engines["suffix"]()))
     assert stat > _chi2_999(dof), (stat, dof)
