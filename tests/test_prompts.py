@@ -206,7 +206,7 @@ def test_suites_join_with_plus_in_order_and_ids_stay_unique(tmp_path):
         load_suite(f"{a}+{a}")
     with pytest.raises(ConfigError, match="empty part.*mtbench\\+humaneval"):
         load_suite("builtin+")
-    with pytest.raises(ConfigError, match="nope.jsonl does not exist.*a suite name \\(builtin, mtbench, humaneval, gsm8k\\)"):
+    with pytest.raises(ConfigError, match="nope.jsonl does not exist.*a suite name \\(builtin, mtbench, humaneval, gsm8k, repeat\\)"):
         load_suite(f"{a}+{tmp_path / 'nope.jsonl'}")
 
 
@@ -219,3 +219,18 @@ def test_suite_sources_give_each_file_its_digest_and_count(tmp_path):
     assert rows[1] == {"spec": str(a), "path": str(a), "sha256": hashlib.sha256(a.read_bytes()).hexdigest(),
                        "prompts": 2}
     assert rows[0]["prompts"] == 21 and "distribution" not in rows[0]
+
+
+def test_the_repeat_suite_asks_for_each_humaneval_function_back_commented_renamed_or_fixed():
+    from harness.prompts import FLIPS
+
+    prompts = load_suite("repeat")
+    by = {c: [p for p in prompts if p.category == c] for c in ("comment", "rename", "fix")}
+    assert len(by["comment"]) == len(by["rename"]) == 164 and 100 <= len(by["fix"]) < 164
+    assert len(prompts) == sum(map(len, by.values())) and len({p.id for p in prompts}) == len(prompts)
+    first = {p.id: p.turns[0] for p in prompts}
+    assert "def has_close_elements" in first["repeat-comment-HumanEval/0"]
+    assert "`has_close_elements` to `solve`" in first["repeat-rename-HumanEval/0"]
+    fix = first["repeat-fix-HumanEval/0"]  # one operator flipped in the canonical solution, the rest as shipped
+    assert "distance <= threshold" in fix and any(b in fix for _, b in FLIPS)
+    assert load_suite("repeat", categories=["fix"], max_prompts=3)[0].id == "repeat-fix-HumanEval/0"
