@@ -197,9 +197,9 @@ def _bad_inputs(tmp: Path):
     return {
         "missing model dir": (["arch.model=/nonexistent/model"], "does not exist"),
         "dir without config.json": ([f"arch.model={empty}"], "no config.json"),
-        "unknown method": (["method=foo"], "available: base, control, control_b8, dflash_a, dflash_c, dflash_zlab, "
-                                           "draft_model, eagle3, mlx_lm, mlx_lm_spec, mtp, ngram, ngram_b8, server, "
-                                           "subprocess"),
+        "unknown method": (["method=foo"], "available: base, control, control_b8, ddtree, dflash_a, dflash_c, "
+                                           "dflash_zlab, draft_model, eagle3, mlx_lm, mlx_lm_spec, mtp, ngram, ngram_b8, "
+                                           "server, subprocess, suffix"),
         "block_size=1": (["method=ngram", "method.block_size=1"], "block_size"),
         "missing prompt file": ([f"bench.suite={tmp / 'nope.jsonl'}"], "does not exist"),
         "unreadable prompt file": ([f"bench.suite={tmp}"], "cannot be read"),

@@ -46,8 +46,8 @@ def test_invalid_values_are_rejected_with_the_valid_ones(overrides, message):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["method=nope"], "available: base, control, control_b8, dflash_a, dflash_c, dflash_zlab, draft_model, eagle3, mlx_lm, "
-                      "mlx_lm_spec, mtp, ngram, ngram_b8, server, subprocess"),
+    (["method=nope"], "available: base, control, control_b8, ddtree, dflash_a, dflash_c, dflash_zlab, draft_model, eagle3, "
+                      "mlx_lm, mlx_lm_spec, mtp, ngram, ngram_b8, server, subprocess, suffix"),
     (["method=base,nope"], "unknown method 'nope'"),
     (["bench.reps_typo=2"], "bench has: suite"),
     (["+sweep=nope"], "available: cost-curves, cost-curves-qwen-shape, cost-curves-scale, gemma4, llama, qwen35, qwen_coder, smollm2, smollm2-axes, smollm2-static, smollm2_full"),
