@@ -179,11 +179,14 @@ def build_hash(preset: str) -> str:
 
 
 def _built(dest: Path, preset: str) -> bool:
-    stamp = dest / "scale.json"
+    # complete (its stamp, written last), of this build, and holding the shipped tokenizer: a build from
+    # before the fixture tokenizer was retrained would tokenize prompts differently from a fresh one
     try:
-        return json.loads(stamp.read_text())["build"] == build_hash(preset)
+        stamp = json.loads((dest / "scale.json").read_text())["build"]
+        built_tokenizer = (dest / "tokenizer.json").read_bytes()
     except (OSError, ValueError, KeyError, TypeError):  # absent, cut short or from an older build
         return False
+    return stamp == build_hash(preset) and built_tokenizer == (fixtures.SHIPPED_DIR / "tokenizer.json").read_bytes()
 
 
 def checkpoint_dir(preset: str) -> Path:
