@@ -158,7 +158,7 @@ def test_every_evaluation_prompt_is_refused_as_a_training_prompt(tmp_path):
     from train.data import check_overlap, eval_texts
 
     texts, sources = eval_texts()
-    assert set(texts) == {"builtin", "mtbench", "humaneval", "gsm8k", "repeat"}, sources  # the data packages are installed
+    assert set(texts) == {"builtin", "mtbench", "humaneval", "gsm8k"}, sources  # the data packages are installed
     for suite, turns in texts.items():
         for t in turns[:5]:
             with pytest.raises(ConfigError, match=f"overlaps the {suite}"):

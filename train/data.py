@@ -44,6 +44,7 @@ from train.files import write_text_atomic
 SENTINEL = "\u2063MAGPIE\u2063"  # a user message no template alters, to find where the message starts
 STALL_ROUNDS = 3  # Magpie gives up after this many rounds in a row add no new instruction
 NGRAM = 13  # the usual contamination test: a shared run of 13 normalised words
+# (bench.suite=repeat is HumanEval's functions rewritten: the humaneval entry covers its text)
 EVAL_SUITES = ("builtin", "mtbench", "humaneval", "gsm8k")
 CACHE_LAYOUT = 2  # shards hold length-sorted prompts (layout 1: prompt order); older caches are not reused
 MAGPIE, SHAREGPT = "magpie", "sharegpt"  # data.prompts values that name a source rather than a file
