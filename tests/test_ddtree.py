@@ -58,7 +58,7 @@ def test_ddtree_is_lossless_and_accepts_more_than_dflash_a(models, arch):
     model, tok = models[arch]
     tree, chain = DDTree.build(model, _cfg(arch)), DFlashA.build(model, _cfg(arch))
     taus = {"tree": [0, 0], "chain": [0, 0]}
-    for _, ids in list(_units(tok))[::3]:
+    for _, ids in list(_units(tok))[::3 if arch == "llama" else 9]:  # the hybrid's chain is DFlash A's: a few
         want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
         for label, eng in (("tree", tree), ("chain", chain)):
             got = generate_ids(eng, ids, NEW_TOKENS)
