@@ -28,6 +28,18 @@ from engines.runtime.target import Target
 DEFAULT_BLOCK_SIZE = 4  # K = 3 drafts per round when method.block_size is null
 
 
+def _setup(engine, target, cfg):
+    """K from method.block_size (DEFAULT_BLOCK_SIZE when null), the block K + 1 and the draft model,
+    loaded: what both executions of draft_model set up alike. Returns the draft model."""
+    engine.k = (cfg.block_size or DEFAULT_BLOCK_SIZE) - 1
+    if engine.k < 1:
+        raise Unsupported(f"draft_model needs method.block_size >= 2 (one draft or more); got {cfg.block_size}")
+    engine.block = engine.k + 1
+    engine.path = Path(cfg.drafter)
+    model, engine.config = load_draft_model(engine.path, target)
+    return model
+
+
 class DraftModel(Engine):
     name = "draft_model"
     knobs = ("block_size", "drafter", "verify")
@@ -38,12 +50,7 @@ class DraftModel(Engine):
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
         self.threshold = getattr(cfg, "draft_threshold", None)  # adaptive draft length; None: always K
-        self.k = (cfg.block_size or DEFAULT_BLOCK_SIZE) - 1
-        if self.k < 1:
-            raise Unsupported(f"draft_model needs method.block_size >= 2 (one draft or more); got {cfg.block_size}")
-        self.block = self.k + 1
-        self.path = Path(cfg.drafter)
-        model, self.config = load_draft_model(self.path, target)
+        model = _setup(self, target, cfg)
         # The draft model's cache stores what the target's does (mlx-lm quantizes both alike).
         self.dm = Target(model, kv=target.kv, rollback=target.strategy, kv_group_size=target.kv_group_size,
                          stage_every=target.stage_every, stable_attention=target.stable_attention,
@@ -130,12 +137,7 @@ class DraftModelStatic(DeviceEngine):
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
-        self.k = (cfg.block_size or DEFAULT_BLOCK_SIZE) - 1
-        if self.k < 1:
-            raise Unsupported(f"draft_model needs method.block_size >= 2 (one draft or more); got {cfg.block_size}")
-        self.block = self.k + 1
-        self.path = Path(cfg.drafter)
-        model, self.config = load_draft_model(self.path, target)
+        model = _setup(self, target, cfg)
         shapes = static_layout(model, target.kv)  # its cache stores what the target's does
         if isinstance(shapes, str):
             raise Unsupported(f"execution=static: the draft model {self.path}: {shapes}")
