@@ -3,7 +3,8 @@
 #   bash jobs/scale-gpu.sh ARCH [COUNTS] [OVERRIDES...]
 # builds ARCH's preset and drafters on first use (harness/models/scale.py), runs +sweep=cost-curves-scale
 # for that ARCH alone at the forced counts COUNTS (default 0,1,2,4: tau 1, 2, 3, 5), bounded by SWEEP_S
-# seconds (default 470), then packs whatever finished (records with their report, the logs) into $OUT/ARCH.tgz.
+# seconds (default 470), then packs whatever finished (records with their report, the logs) into $OUT/ARCH.tgz
+# ($OUT/ARCH-TAG.tgz with TAG set, for a second run of one shape, e.g. TAG=chain ... method=eagle3 method.top_k=1).
 # The check before a device call, on the CPU with tiny settings (a 4-layer random Llama):
 #   OUT=/tmp/scale-check bash jobs/scale-gpu.sh llama 1 arch.model=scale:llama-tiny arch.dtype=float32 \
 #     bench.max_prompts=1 bench.reps=1
@@ -21,6 +22,6 @@ rc=$?
 echo "sweep exit $rc after $(( $(date +%s) - start )) s"
 python -m report "$work/records" > "$work/report.log" 2>&1 || echo "report exit $? (report.log)"
 nvidia-smi --query-gpu=name,memory.used --format=csv > "$work/gpu.txt" 2>/dev/null || true
-tar czf "$OUT/$arch.tgz" -C "$work" records sweep.log report.log gpu.txt 2>/dev/null
+tar czf "$OUT/$arch${TAG:+-$TAG}.tgz" -C "$work" records sweep.log report.log gpu.txt 2>/dev/null
 grep -E "^\[|speedup|error" "$work/sweep.log" | tail -n 25
 exit "$rc"
