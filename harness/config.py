@@ -268,6 +268,8 @@ def _check_method(m, knobs) -> None:
 def _check_force(m) -> None:
     # method.force: one of accepted / rate, on a method whose rounds the loop accepts.
     f = m.get("force")
+    if f is not None:  # checked even when unused: every number is, before anything runs
+        check_range("method.force.seed", f.seed, 0, 2**32 - 1, "seed of the rate's draws")
     if f is None or (f.accepted is None and f.rate is None):
         return
     if f.accepted is not None and f.rate is not None:
@@ -285,7 +287,6 @@ def _check_force(m) -> None:
         check_range("method.force.accepted", f.accepted, 0, MAX_BLOCK, "drafts accepted each round")
     else:
         check_range("method.force.rate", f.rate, 0, 1, "each position's acceptance, given the one before")
-    check_range("method.force.seed", f.seed, 0, 2**32 - 1, "seed of the rate's draws")
 
 
 def _check_threshold(m, engine) -> None:

@@ -4,17 +4,19 @@ is checked before anything runs, and a sweep is validated whole before its first
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
-from harness.config import conf_dir, register_configs, validate
+from harness.config import Config, conf_dir, register_configs, validate
 from harness.errors import ConfigError
 from harness.identity import cell_inputs, code_fingerprint, stale
 from tests.conftest import REPO, subprocess_env, write_jsonl
@@ -265,21 +267,40 @@ def test_nan_temperature_on_the_command_line_is_exit_2_with_nothing_written(tmp_
     assert not (tmp_path / "out").exists()
 
 
-NUMERIC = {  # every numeric setting of the schema that a cell reads, with a method that reads it
-    "bench": ["max_prompts", "per_category", "max_new_tokens", "warmup", "warmup_tokens", "reps", "cooldown_s",
-              "seed", "temperature", "profile_every", "context"],
-    "method": ["block_size", "depth", "top_k", "total_tokens", "min_ngram", "max_ngram", "startup_timeout_s",
-               "request_timeout_s"],
-    "kv": ["group_size"], "dispatch": ["stage_every"], "": ["lock_timeout_s"],
-}
+def _numeric_settings(schema=Config, prefix: str = "") -> list[str]:
+    """Every int or float setting of the schema (Optional ones included, bools not), nested sections too:
+    read from the dataclasses, so a numeric setting added later is fuzzed without editing this test."""
+    hints, keys = typing.get_type_hints(schema), []
+    for f in dataclasses.fields(schema):
+        kind = hints[f.name]
+        args = [a for a in typing.get_args(kind) if a is not type(None)] if typing.get_origin(kind) is typing.Union else []
+        kind = args[0] if len(args) == 1 else kind
+        if dataclasses.is_dataclass(kind):
+            keys += _numeric_settings(kind, f"{prefix}{f.name}.")
+        elif kind in (int, float):
+            keys.append(prefix + f.name)
+    return keys
+
+
+NUMERIC = _numeric_settings()
 READER = {"block_size": "ngram", "min_ngram": "ngram", "max_ngram": "ngram", "depth": "eagle3", "top_k": "eagle3",
-          "total_tokens": "eagle3", "startup_timeout_s": "subprocess", "request_timeout_s": "subprocess"}
+          "total_tokens": "eagle3", "startup_timeout_s": "subprocess", "request_timeout_s": "subprocess",
+          "draft_threshold": "draft_model", "accepted": "dflash_a", "rate": "dflash_a", "seed": None}
+
+
+def test_the_fuzzed_settings_cover_every_section_of_the_schema():
+    assert {"bench.temperature", "bench.context", "method.block_size", "method.draft_threshold",
+            "method.force.accepted", "method.force.rate", "kv.group_size", "dispatch.stage_every",
+            "lock_timeout_s"} <= set(NUMERIC)
+    assert not any(k.endswith(("profile", "workload", "force")) for k in NUMERIC)  # bools and sections are not numbers
+
+
 HOSTILE = ["nan", "inf", "-inf", "1e300", "99999999999999999999", "-1", "abc", "[1]", "true", "0"]
 
 
-@pytest.mark.parametrize("key", [f"{g}.{k}" if g else k for g, ks in NUMERIC.items() for k in ks])
+@pytest.mark.parametrize("key", NUMERIC)
 def test_fuzzing_a_numeric_setting_gives_a_config_error_or_a_bounded_value(key):
-    method = READER.get(key.split(".")[-1])
+    method = READER.get(key.split(".")[-1]) if key.startswith("method.") else None
     extra = [f"method={method}"] + (["method.command=engine"] if method == "subprocess" else []) if method else []
     for value in HOSTILE:
         try:
