@@ -137,6 +137,7 @@ class Engine:
     caps_drafts: ClassVar[bool] = False  # True: draft() stops at self.max_drafts, set by the loop each round
     execution: ClassVar[str] = "eager"  # "static": rounds stay on the device (engines/methods/device.py)
     adapts_drafts: ClassVar[bool] = False  # True: draft() honours method.draft_threshold (adaptive draft length)
+    bandit_drafts: ClassVar[bool] = False  # True: draft() honours method.draft_bandit (K picked each round)
 
     def __init__(self, target: Target, cfg):
         self.target, self.cfg = target, cfg

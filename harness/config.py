@@ -68,8 +68,10 @@ class MethodConfig:
     model: Optional[str] = None  # server: the model name sent in requests (null = none: the one it loaded)
     launch: Optional[str] = None  # server: command line that starts it for the cell (null = already running)
     force: ForceConfig = field(default_factory=ForceConfig)  # drafting methods: a chosen acceptance (not lossless)
-    draft_threshold: Optional[float] = None  # adaptive draft length (draft_model, dflash_a): drafts stop before
-    #                                          the first the drafter gives less than this probability; null = always K
+    draft_threshold: Optional[float] = None  # adaptive draft length (draft_model, dflash_a, eagle3's chain): drafts
+    #                                          stop before the first the drafter gives less than this probability;
+    #                                          null = always K
+    draft_bandit: bool = False  # adaptive draft length (draft_model): a UCB1 bandit picks K in 1..block-1 each round
 
 
 @dataclass
@@ -236,6 +238,7 @@ def validate(cfg) -> None:
                               "reference); name another implementation, or leave it null")
     _check_dispatch(cfg.dispatch)
     _check_threshold(cfg.method, get_engine(cfg.method.name, cfg.execution))
+    _check_bandit(cfg.method, get_engine(cfg.method.name, cfg.execution))
     if "block_size" in engine.knobs:
         check_block(cfg.method.block_size, cfg.bench.max_new_tokens)
     if cfg.lock_timeout_s is not None:
@@ -296,9 +299,21 @@ def _check_threshold(m, engine) -> None:
         return
     if not engine.adapts_drafts:
         raise ConfigError(f"method.draft_threshold applies to methods that draft a varying number of tokens a round "
-                          f"(draft_model and dflash_a, eagerly); {m.name} under execution={engine.execution} drafts a fixed "
-                          "block: leave it null")
+                          f"(draft_model, dflash_a and eagle3's chain, eagerly); {m.name} under "
+                          f"execution={engine.execution} drafts a fixed block: leave it null")
     check_range("method.draft_threshold", t, 0, 1, "the drafter's probability of its draft below which drafting stops")
+
+
+def _check_bandit(m, engine) -> None:
+    # method.draft_bandit: K picked each round, on an engine that can draft any K up to its block.
+    if not m.get("draft_bandit"):
+        return
+    if not engine.bandit_drafts:
+        raise ConfigError(f"method.draft_bandit applies to draft_model (eagerly); {m.name} under "
+                          f"execution={engine.execution} does not pick its draft length: leave it false")
+    if m.get("draft_threshold") is not None:
+        raise ConfigError(f"method.draft_bandit=true and method.draft_threshold={m.draft_threshold} both choose the "
+                          "draft length; set one of them")
 
 
 # method knob -> (lowest, highest, what it sizes): each bound is what one round or one request can hold.
@@ -385,6 +400,8 @@ def canonical_cell(cfg) -> dict:
         method["force"] = force.describe()
     if cfg.method.get("draft_threshold") is not None:  # only when set: ids stay
         method["draft_threshold"] = cfg.method.draft_threshold
+    if cfg.method.get("draft_bandit"):  # only when set: ids stay
+        method["draft_bandit"] = True
     dispatch = {k: v for k, v in OmegaConf.to_container(cfg.dispatch).items() if v is not None}
     arch = OmegaConf.to_container(cfg.arch, resolve=True)
     if arch.get("gguf_dequantize", True):

@@ -145,6 +145,8 @@ def _keys(rec: dict, labels: dict[str, tuple[str, str]]) -> dict:
     threshold = cell["method"].get("draft_threshold")
     if isinstance(threshold, (int, float)) and not isinstance(threshold, bool):  # adaptive draft length
         method += f" [drafts while p >= {threshold:g}]"
+    if cell["method"].get("draft_bandit") is True:  # adaptive draft length: K picked each round
+        method += " [K by bandit]"
     if bench:
         method += f" ({bench})"
     return {"arch": arch, "method": method,

@@ -249,3 +249,54 @@ def test_a_draft_threshold_is_refused_where_the_block_is_fixed():
     with pytest.raises(ConfigError, match="method.draft_threshold=1.5"):
         validate(compose("arch=llama", "method=draft_model", "method.draft_threshold=1.5"))
     validate(compose("arch=llama", "method=draft_model", "method.draft_threshold=0.5"))
+
+
+def test_the_bandit_settles_on_the_k_whose_rounds_yield_most_per_cost():
+    from engines.runtime.adaptive import KBandit
+
+    def play(bandit, accepted_at, rounds=400):
+        picks = []
+        for _ in range(rounds):
+            k = bandit.pick()
+            bandit.update(k, accepted_at(k))
+            picks.append(k)
+        return max(set(picks[-100:]), key=picks[-100:].count)
+
+    assert play(KBandit(5, 0.05), lambda k: k) == 5  # every draft kept, drafts cheap: the longest K
+    assert play(KBandit(5, 0.05), lambda k: 0) == 1  # none kept: the shortest
+    assert play(KBandit(5, 0.05), lambda k: min(k, 2)) == 2  # two kept whatever K: K = 2, no longer
+    assert play(KBandit(5, 1.5), lambda k: k) == 1  # drafts dearer than a target step: each extra one costs more
+    b = KBandit(3, 0.1)
+    assert b.pick() == 3 and b.t == 0  # untried Ks first, longest first
+    with pytest.raises(ValueError, match="k_max >= 1"):
+        KBandit(0, 0.1)
+
+
+def test_a_draft_bandit_varies_k_stays_lossless_and_replays_the_same_ks(models):
+    model, tok = models["llama"]
+    eng = DraftModel(Target(model), engine_cfg(name="draft_model", block_size=6, drafter=str(fixture_dir("qwen35")),
+                                               verify="batched", draft_bandit=True))
+    assert 0 < eng.bandit.draft_cost < 2 and eng.describe()["draft_bandit"]["k_max"] == 5
+    drafted = []
+    for uid, ids in list(_units(tok))[:2]:
+        want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        got = generate_ids(eng, ids, NEW_TOKENS)
+        assert got.tokens == want, uid
+        again = generate_ids(eng, ids, NEW_TOKENS)  # a rep: the bandit starts afresh each generation
+        assert [r.drafted for r in again.rounds] == [r.drafted for r in got.rounds]
+        drafted += [r.drafted for r in got.rounds]
+    assert max(drafted) <= 5 and len(set(drafted)) >= 3, drafted
+
+
+def test_a_draft_bandit_is_refused_where_it_cannot_pick_k():
+    from harness.config import validate
+    from harness.errors import ConfigError
+    from tests.test_config import cfg as compose
+
+    with pytest.raises(ConfigError, match="method.draft_bandit applies to draft_model"):
+        validate(compose("arch=llama", "method=dflash_a", "method.draft_bandit=true"))
+    with pytest.raises(ConfigError, match="under execution=static does not pick"):
+        validate(compose("arch=llama", "method=draft_model", "execution=static", "method.draft_bandit=true"))
+    with pytest.raises(ConfigError, match="both choose the draft length"):
+        validate(compose("arch=llama", "method=draft_model", "method.draft_bandit=true", "method.draft_threshold=0.5"))
+    validate(compose("arch=llama", "method=draft_model", "method.draft_bandit=true"))

@@ -238,3 +238,20 @@ def test_the_tree_is_selected_on_the_device_and_read_once_a_round(models, monkey
         for n in nodes:
             if n.parent >= 0:  # a child's score adds its log-probability to its parent's
                 assert n.score <= nodes[n.parent].score + 1e-6
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen35"])
+def test_a_draft_threshold_drafts_a_chain_cut_before_its_first_unsure_draft_and_stays_lossless(models, arch):
+    model, tok = models[arch]
+    c = eagle_cfg(arch, depth=5)
+    c.draft_threshold = 0.5
+    eng = Eagle3.build(model, c)
+    drafted = []
+    for _, ids in list(_units(tok))[::4]:
+        got = generate_ids(eng, ids, NEW_TOKENS)
+        assert got.tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        assert not any(r.tree_size for r in got.rounds)  # a chain, also on an attention target
+        drafted += [r.drafted for r in got.rounds]
+    assert max(drafted) <= 5 and len(set(drafted)) >= 2, drafted  # a varying K, never above the depth
+    assert eng.block == 6 and eng.describe()["tree_path"] == ("chain (hybrid target)" if arch == "qwen35"
+                                                              else "chain (draft_threshold)")

@@ -22,6 +22,7 @@ from engines.base import Draft, Engine
 from engines.drafters.draft_model import load_draft_model
 from engines.errors import Unsupported
 from engines.methods.device import DeviceEngine
+from engines.runtime.adaptive import KBandit, unsure, weight_bytes
 from engines.runtime.static import StaticTarget, static_layout
 from engines.runtime.target import Target
 
@@ -46,11 +47,15 @@ class DraftModel(Engine):
     drafter_kind = "draft_model"
     caps_drafts = True  # each draft is a step of the draft model: none past what the budget can emit
     adapts_drafts = True
+    bandit_drafts = True
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
         self.threshold = getattr(cfg, "draft_threshold", None)  # adaptive draft length; None: always K
         model = _setup(self, target, cfg)
+        # or K picked each round by a bandit, a draft step priced at the draft model's share of the weights
+        self.bandit = (KBandit(self.k, weight_bytes(model) / weight_bytes(target.model))
+                       if getattr(cfg, "draft_bandit", False) else None)
         # The draft model's cache stores what the target's does (mlx-lm quantizes both alike).
         self.dm = Target(model, kv=target.kv, rollback=target.strategy, kv_group_size=target.kv_group_size,
                          stage_every=target.stage_every, stable_attention=target.stable_attention,
@@ -71,6 +76,8 @@ class DraftModel(Engine):
         self.prompt_len = len(prompt)
         self.dm.reset()
         self.cached = 0  # history tokens in the draft model's cache
+        if self.bandit:
+            self.bandit.reset()  # each generation learns afresh: reps replay the same Ks
         return self.target.prefill(prompt).logits
 
     def prepare(self, history):
@@ -84,12 +91,13 @@ class DraftModel(Engine):
         logits = self.dm.forward_chunked(history[self.cached:]).logits[-1:]  # [1, V]: new tokens, ending at pending
         self.base, self.marks = len(history), [self.dm.mark()]
         tokens, qs = [], []
-        for i in range(min(self.k, self.max_drafts or self.k)):
+        k = self.bandit.pick() if self.bandit else self.k
+        for i in range(min(k, self.max_drafts or k)):
             if i:
                 logits = self.dm.forward(tokens[-1]).logits  # [1] id on the device -> [1, V]
                 self.marks.append(self.dm.mark())
             t, q = self.sampler.propose(logits, pos + i)
-            if self.threshold is not None and self._unsure(logits, t):
+            if self.threshold is not None and unsure(logits, t, self.threshold):
                 break  # adaptive draft length: a host read per draft step, what an early stop costs
             tokens.append(t)
             qs.append(q)
@@ -98,13 +106,9 @@ class DraftModel(Engine):
         self.prof.mark("draft_model", tokens[-1])
         return Draft(mx.concatenate(tokens), mx.concatenate(qs) if qs[0] is not None else None)
 
-    def _unsure(self, logits: mx.array, token: mx.array) -> bool:
-        """Whether the draft model gives its draft `token` ([1] id) less than the threshold's probability
-        (logits [1, V]): drafting stops before it (SpecDec++'s rule with the drafter's own confidence)."""
-        p = mx.softmax(logits[0].astype(mx.float32))[token[0]]
-        return p.item() < self.threshold
-
     def rollback(self, n_accepted, draft):
+        if self.bandit and draft.k:
+            self.bandit.update(draft.k, n_accepted)
         self.target.commit(n_accepted + 1)
         keep = min(n_accepted, len(self.marks) - 1)  # the last draft was never fed to the draft model
         self.dm.rewind(self.marks[keep])
@@ -115,6 +119,7 @@ class DraftModel(Engine):
 
     def describe(self):
         return {**super().describe(), "k": self.k, "draft_threshold": self.threshold,
+                "draft_bandit": self.bandit.describe() if self.bandit else None,
                 "drafter_model_type": self.config.get("model_type"),
                 "drafter_layers": self.config.get("num_hidden_layers"),
                 "drafter_cache_types": sorted(set(self.dm.layout.types)), "drafter_fed_tokens": self.dm.fed_tokens}

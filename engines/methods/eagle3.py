@@ -32,6 +32,7 @@ from engines.base import Draft, Engine
 from engines.drafters.eagle3 import Eagle3Drafter, default_aux_layers, feature_layers, load_eagle3, read_eagle3_config
 from engines.kernels.gemm import small_m_linears
 from engines.methods.device import DeviceEngine
+from engines.runtime.adaptive import unsure
 from engines.runtime.cache import trim_attention
 from engines.runtime.hidden import activation_dtype, embed, num_layers
 from engines.runtime.prefix import prefix_pass
@@ -52,6 +53,7 @@ class Eagle3(Engine):
     name = "eagle3"
     knobs = ("drafter", "verify", "depth", "top_k", "total_tokens")
     drafter_kind = "eagle3"
+    adapts_drafts = True  # method.draft_threshold drafts a chain, cut before its first unsure draft
 
     @classmethod
     def hidden_layers(cls, cfg, model):
@@ -62,17 +64,20 @@ class Eagle3(Engine):
         super().__init__(target, cfg)
         self.drafter = load_eagle3(Path(cfg.drafter), target.model)
         self.depth, self.top_k, self.total = cfg.depth, cfg.top_k, cfg.total_tokens
+        # adaptive draft length: a chain cut before its first unsure draft (the tree adapts by its own scores)
+        self.threshold = getattr(cfg, "draft_threshold", None)
         self._check_hidden_layers(feature_layers(self.drafter.config.aux_layer_ids))
         for layer in self.drafter.layers:
             layer.self_attn.stable = target.stable_attention
         self.hybrid = target.layout.recurrent > 0  # one recurrent state cannot serve several branches
         self.draft_ids = self.drafter.to_target(mx.arange(self.drafter.config.draft_vocab_size))  # [Vd] target ids
-        self.block = (self.depth if self.hybrid else self.total) + 1  # tokens a full verify feeds
+        chain = self.hybrid or self.threshold is not None
+        self.block = (self.depth if chain else self.total) + 1  # tokens a full verify feeds
 
     @property
     def tree_mode(self) -> bool:
         sampling = self.sampler is not None and self.sampler.temperature > 0
-        return not (self.hybrid or sampling)
+        return not (self.hybrid or sampling or self.threshold is not None)
 
     def prefill(self, prompt):
         self.prompt_len = len(prompt)
@@ -229,9 +234,13 @@ class Eagle3(Engine):
                                       pending_pos + d - 2)
             logits = self.drafter.logits(h[0, -1], self.target.model)[None]  # [1, Vd]
             pick, q_draft = self.sampler.propose(logits, pos_out + d - 1)
+            if self.threshold is not None and unsure(logits, pick, self.threshold):
+                break  # a host read per draft step, what an early stop costs
             if sampling:  # q over the target vocabulary, for speculative sampling
                 qs.append(mx.zeros((1, self.drafter.config.vocab_size)).at[:, self.draft_ids].add(q_draft))
             tokens.append(self.drafter.to_target(pick))
+        if not tokens:
+            return Draft()
         return Draft(mx.concatenate(tokens), mx.concatenate(qs) if qs else None)
 
     def verify(self, pending, draft):
@@ -257,8 +266,9 @@ class Eagle3(Engine):
     def describe(self):
         c = self.drafter.config
         return {**super().describe(),
-                "tree_path": "chain (hybrid target)" if self.hybrid else "tree (greedy); chain when sampling",
-                "depth": self.depth, "top_k": self.top_k,
+                "tree_path": ("chain (hybrid target)" if self.hybrid else "chain (draft_threshold)"
+                              if self.threshold is not None else "tree (greedy); chain when sampling"),
+                "draft_threshold": self.threshold, "depth": self.depth, "top_k": self.top_k,
                 "total_tokens": self.total, "aux_layer_ids": list(c.aux_layer_ids),
                 "draft_vocab_size": c.draft_vocab_size, "layout": c.layout, "drafter_layers": c.num_hidden_layers,
                 "layer_type": "qwen3" if c.qk_norm else "llama", "layer_types": list(c.layer_types),
