@@ -147,6 +147,8 @@ def _keys(rec: dict, labels: dict[str, tuple[str, str]]) -> dict:
         method += f" [drafts while p >= {threshold:g}]"
     if cell["method"].get("draft_bandit") is True:  # adaptive draft length: K picked each round
         method += " [K by bandit]"
+    if cell["method"].get("workload") is False:  # suffix decoding without the cell's earlier outputs
+        method += " [request only]"
     if bench:
         method += f" ({bench})"
     return {"arch": arch, "method": method,

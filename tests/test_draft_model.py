@@ -300,3 +300,17 @@ def test_a_draft_bandit_is_refused_where_it_cannot_pick_k():
     with pytest.raises(ConfigError, match="both choose the draft length"):
         validate(compose("arch=llama", "method=draft_model", "method.draft_bandit=true", "method.draft_threshold=0.5"))
     validate(compose("arch=llama", "method=draft_model", "method.draft_bandit=true"))
+
+
+def test_the_report_labels_each_way_of_choosing_the_draft_length_and_a_suffix_arm_without_its_workload():
+    from report.frames import _keys
+
+    def label(**method):
+        rec = {"cell_id": "x", "cell": {"method": method, "kv": {"name": "native"}}}
+        return _keys(rec, {"x": ("llama", "")})["method"]
+
+    assert label(name="draft_model", block_size=6) == "draft_model"
+    assert label(name="draft_model", block_size=6, draft_threshold=0.5) == "draft_model [drafts while p >= 0.5]"
+    assert label(name="draft_model", block_size=6, draft_bandit=True) == "draft_model [K by bandit]"
+    assert label(name="suffix", workload=True) == "suffix"
+    assert label(name="suffix", workload=False) == "suffix [request only]"
