@@ -59,3 +59,32 @@ def test_every_rep_of_a_prompt_sees_the_same_workload_and_never_its_own_output(m
     for ids in units:
         generate_ids(alone, ids, NEW_TOKENS)
     assert alone.describe()["workload_outputs"] == 0
+
+
+def test_a_round_reads_only_the_occurrences_it_keeps_and_keeps_what_a_full_scan_would(models):
+    import random
+
+    from engines.methods.suffix import MAX_OCCURRENCES, SequenceIndex
+
+    model, _ = models["llama"]
+    eng = Suffix(Target(model), _cfg())
+    rng = random.Random(0)
+    eng.workload, eng.owner, eng.latest, eng.key = SequenceIndex(1, 3), [], {}, ("me",)
+    for i in range(60):  # 60 earlier outputs of 5 prompts (one of them this prompt's own), 2,000 tokens each
+        s = eng.workload.add([rng.randrange(4) for _ in range(2000)])
+        eng.workload.extend(s, 1999)
+        owner = ("me",) if i % 5 == 0 else (i % 5,)
+        eng.owner.append(owner)
+        eng.latest[owner] = s
+    eng.request = SequenceIndex(1, 3)
+    eng.request.add([rng.randrange(4) for _ in range(50)])
+    eng.request.extend(0, 49)
+    checked = []
+    usable = eng._usable
+    eng._usable = lambda s: checked.append(s) or usable(s)
+    for gram in [(1,), (2, 3), (0, 1, 2)]:
+        checked.clear()
+        full = [(eng.workload, o) for o in eng.workload.occurrences(gram) if usable(o[0])]
+        full = (full + [(eng.request, o) for o in eng.request.occurrences(gram)])[-MAX_OCCURRENCES:]
+        assert eng._latest(gram) == full  # the same occurrences in the same order as scanning them all
+        assert len(checked) <= 2 * MAX_OCCURRENCES  # ~30,000 occurrences of a 1-gram: a few dozen looked at

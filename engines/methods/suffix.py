@@ -21,6 +21,7 @@ starts, as far as the drafts saw it (the last round's tokens are not in it).
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import defaultdict
 
 import mlx.core as mx
@@ -153,14 +154,22 @@ class Suffix(Engine):
         """The speculation tree after the longest suffix of `history` that occurred before (request and
         workload), or nothing where no suffix of min_ngram tokens did."""
         for n in range(min(self.max_n, len(history)), self.min_n - 1, -1):
-            gram = tuple(history[-n:])
-            found = [(self.workload, o) for o in self.workload.occurrences(gram) if self._usable(o[0])]
-            found += [(self.request, o) for o in self.request.occurrences(gram)]  # last: the request's latest
+            found = self._latest(tuple(history[-n:]))
             if found:
                 budget = min(self.total, max(1, int(SPEC_FACTOR * n)))
-                conts = [index.seqs[s][end + 1: end + 1 + budget] for index, (s, end) in found[-MAX_OCCURRENCES:]]
+                conts = [index.seqs[s][end + 1: end + 1 + budget] for index, (s, end) in found]
                 return speculation_tree(conts, budget)
         return [], []
+
+    def _latest(self, gram: tuple) -> list:
+        """The latest MAX_OCCURRENCES occurrences of `gram`: the request's, then usable workload ones before
+        them, oldest first. Walked from the newest and stopped when enough are found, so a round costs what
+        it keeps, not the history's length (a one-token n-gram recurs once per few tokens of output)."""
+        request = self.request.occurrences(gram)[-MAX_OCCURRENCES:]
+        room = MAX_OCCURRENCES - len(request)
+        usable = (o for o in reversed(self.workload.occurrences(gram)) if self._usable(o[0]))
+        workload = list(itertools.islice(usable, room))[::-1] if room else []
+        return [(self.workload, o) for o in workload] + [(self.request, o) for o in request]
 
     def verify(self, pending, draft):
         if draft.parents is None:
