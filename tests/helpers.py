@@ -42,6 +42,24 @@ def base_engine(model, **target_kw) -> Autoregressive:
     return Autoregressive(Target(model, **target_kw), engine_cfg(name="base"))
 
 
+_BASE: dict = {}  # (id(model), prompt ids, n) -> (the model's weight arrays, base's greedy tokens)
+
+
+def base_tokens(model, ids: list[int], n: int) -> list[int]:
+    """Base decoding's greedy tokens (float32, default Target) for `ids`, computed once per model and
+    prompt in a test session: the lossless tests compare many methods against the same base outputs.
+    Kept only while the model holds the very weight arrays it was computed with (MLX arrays are
+    immutable, so a model changed in place holds new ones and is decoded again)."""
+    from mlx.utils import tree_flatten
+
+    weights = [v for _, v in tree_flatten(model.parameters())]
+    key = (id(model), tuple(ids), n)
+    hit = _BASE.get(key)
+    if hit is None or len(hit[0]) != len(weights) or any(a is not b for a, b in zip(hit[0], weights)):
+        hit = _BASE[key] = (weights, generate_ids(base_engine(model), ids, n).tokens)
+    return list(hit[1])
+
+
 def same_cache_values(a, b) -> bool:
     """Cache entries written by two paths hold the same values: bit for bit on the CPU; on a GPU within
     1e-5 (its kernels pick their tiling, so the accumulation order, by shape: one token against a

@@ -3,9 +3,7 @@ distributions is grown as specified, verified in one forward, lossless in float3
 targets, DFlash A's chain on the hybrid), and accepts more per round than DFlash A's chain with the
 same drafter."""
 
-import heapq
 import itertools
-import math
 
 import pytest
 
@@ -14,7 +12,7 @@ from engines.methods.dflash import DFlashA
 from engines.runtime.tree import tree_depths
 from harness.models import fixtures
 from tests.conftest import engine_cfg
-from tests.helpers import base_engine, generate_ids
+from tests.helpers import base_tokens, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units
 
 
@@ -59,7 +57,7 @@ def test_ddtree_is_lossless_and_accepts_more_than_dflash_a(models, arch):
     tree, chain = DDTree.build(model, _cfg(arch)), DFlashA.build(model, _cfg(arch))
     taus = {"tree": [0, 0], "chain": [0, 0]}
     for _, ids in list(_units(tok))[::3 if arch == "llama" else 9]:  # the hybrid's chain is DFlash A's: a few
-        want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        want = base_tokens(model, ids, NEW_TOKENS)
         for label, eng in (("tree", tree), ("chain", chain)):
             got = generate_ids(eng, ids, NEW_TOKENS)
             assert got.tokens == want, f"{arch} {label} diverged"

@@ -16,7 +16,7 @@ from engines.runtime.hidden import decoder
 from engines.runtime.target import Target
 from harness.models import fixtures
 from tests.conftest import engine_cfg, method_cfg
-from tests.helpers import base_engine, generate_ids
+from tests.helpers import base_tokens, generate_ids
 from tests.test_eagle3 import eagle_cfg
 from tests.test_lossless import NEW_TOKENS, _units
 from tests.test_mtp import mtp_cfg
@@ -60,7 +60,7 @@ def test_forced_on_every_method_keeps_base_output_and_the_same_rounds(models, ar
     layers = list(decoder(model).layers)
     sdpa = {m.__name__: m.scaled_dot_product_attention for m in attention_modules(model)}
     for _, ids in list(_units(tok))[::6]:
-        want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        want = base_tokens(model, ids, NEW_TOKENS)
         assert generate_ids(Autoregressive(Target(model, **FORCED), engine_cfg(name="base")), ids, NEW_TOKENS).tokens == want
         plain, forced = generate_ids(_dflash(model, arch), ids, NEW_TOKENS), generate_ids(_dflash(model, arch, **FORCED),
                                                                                           ids, NEW_TOKENS)

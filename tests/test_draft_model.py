@@ -18,7 +18,7 @@ from engines.methods.draft_model import DraftModel
 from engines.runtime.target import Target
 from harness.models.fixtures import fixture_dir
 from tests.conftest import ARCHS, engine_cfg
-from tests.helpers import base_engine, generate_ids
+from tests.helpers import base_engine, base_tokens, generate_ids
 from tests.test_cli import harness
 from tests.test_lossless import _units
 from tests.test_mtp import _chi2
@@ -38,7 +38,7 @@ def test_greedy_output_equals_base_with_a_draft_model_that_disagrees(models, arc
     eng = DraftModel(Target(model), cfg(fixture_dir(DRAFT_FOR.get(arch, "llama"))))
     partial = 0
     for uid, ids in list(_units(tok))[::2]:
-        want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        want = base_tokens(model, ids, NEW_TOKENS)
         got = generate_ids(eng, ids, NEW_TOKENS)
         assert got.tokens == want, f"{arch} {uid}"
         partial += sum(0 < r.accepted < r.drafted for r in got.rounds)
@@ -56,7 +56,7 @@ def test_a_draft_model_equal_to_the_target_has_every_draft_accepted(models):
 def test_the_last_round_drafts_no_more_than_the_budget_can_emit(models):
     model, tok = models["llama"]
     ids = next(_units(tok))[1]
-    want = generate_ids(base_engine(model), ids, 9).tokens
+    want = base_tokens(model, ids, 9)
     got = generate_ids(DraftModel(Target(model), cfg(fixture_dir("llama"), block_size=6)), ids, 9)
     assert got.tokens == want
     # 1 token from the prefill, 6 from round 1 (5 drafts, all accepted, and the bonus), 2 left: one draft
@@ -140,7 +140,7 @@ def test_lossless_on_the_real_model_with_a_pruned_copy_as_draft(tmp_path):
     for text in ["Write a haiku about the sea.", "def fibonacci(n):"]:
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         got = generate_ids(eng, ids, 24)
-        assert got.tokens == generate_ids(base_engine(model), ids, 24).tokens, text
+        assert got.tokens == base_tokens(model, ids, 24), text
         rounds += got.rounds
     assert {r.accepted for r in rounds} >= {0, 1, 2}, [r.accepted for r in rounds]
 
@@ -224,7 +224,7 @@ def test_a_draft_threshold_stops_drafting_at_the_first_unsure_draft_and_stays_lo
                                                 verify="batched", draft_threshold=0.0))
     drafted, fixed_drafted, accepted = [], 0, 0
     for uid, ids in list(_units(tok))[:3]:
-        want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        want = base_tokens(model, ids, NEW_TOKENS)
         got = generate_ids(adaptive, ids, NEW_TOKENS)
         assert got.tokens == want, uid
         assert generate_ids(never, ids, NEW_TOKENS).tokens == want  # a threshold of 0 stops nothing
@@ -279,7 +279,7 @@ def test_a_draft_bandit_varies_k_stays_lossless_and_replays_the_same_ks(models):
     assert 0 < eng.bandit.draft_cost < 2 and eng.describe()["draft_bandit"]["k_max"] == 5
     drafted = []
     for uid, ids in list(_units(tok))[:2]:
-        want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        want = base_tokens(model, ids, NEW_TOKENS)
         got = generate_ids(eng, ids, NEW_TOKENS)
         assert got.tokens == want, uid
         again = generate_ids(eng, ids, NEW_TOKENS)  # a rep: the bandit starts afresh each generation

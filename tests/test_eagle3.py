@@ -15,7 +15,7 @@ from engines.runtime.target import Target
 from engines.runtime.tree import _tree_mask_fn, accept_tree_greedy, depths_and_ancestors
 from harness.models import fixtures
 from tests.conftest import ARCHS, engine_cfg
-from tests.helpers import base_engine, generate_ids
+from tests.helpers import base_tokens, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units
 from tests.test_rollback import TOL, _max_diff
 
@@ -95,7 +95,7 @@ def test_eagle3_greedy_output_is_identical_to_base(models, arch):
     tokens = rounds = trees = 0
     for _, ids in list(_units(tok))[::3]:
         got = generate_ids(eng, ids, NEW_TOKENS)
-        assert got.tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        assert got.tokens == base_tokens(model, ids, NEW_TOKENS)
         tokens, rounds = tokens + got.decode_tokens, rounds + len(got.rounds)
         trees += sum(r.tree_size > 0 for r in got.rounds)
     assert (trees > 0) == (arch != "qwen35"), "trees on attention targets, chains on the hybrid"
@@ -114,7 +114,7 @@ def test_trees_are_laid_out_best_child_first_so_the_likely_path_needs_no_cache_m
     monkeypatch.setattr(Target, "commit_tree", lambda self, keep: keeps.append(list(keep)) or real(self, keep))
     eng = Eagle3.build(model, eagle_cfg("llama"))
     for _, ids in list(_units(tok))[:6]:
-        assert generate_ids(eng, ids, 32).tokens == generate_ids(base_engine(model), ids, 32).tokens
+        assert generate_ids(eng, ids, 32).tokens == base_tokens(model, ids, 32)
     deep = [k for k in keeps if len(k) >= 3]  # two or more drafts accepted
     # a breadth-first layout keeps such a path in place only when a level has one node (1 of 16 here)
     assert sum(k == list(range(len(k))) for k in deep) >= len(deep) / 3, deep
@@ -195,7 +195,7 @@ def test_a_quantized_drafter_drafts_a_tree_losslessly(models):
     assert mx.array_equal(eng.drafter.logits(h, model), eng.drafter.logits(h[None], model)[0])
     ids = next(_units(tok))[1]
     got = generate_ids(eng, ids, NEW_TOKENS)
-    assert got.tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+    assert got.tokens == base_tokens(model, ids, NEW_TOKENS)
     assert any(r.tree_size > 0 for r in got.rounds)
 
 
@@ -227,7 +227,7 @@ def test_the_tree_is_selected_on_the_device_and_read_once_a_round(models, monkey
     monkeypatch.setattr(mx.array, "tolist", note("read", real_tolist))
     ids = next(_units(tok))[1]
     got = generate_ids(eng, ids, 24)
-    assert got.tokens == generate_ids(base_engine(model), ids, 24).tokens and seen
+    assert got.tokens == base_tokens(model, ids, 24) and seen
     assert rounds and all(r == ["eval"] for r in rounds), rounds[:3]
     for nodes in seen:
         assert [n.depth for n in nodes] == [1] * 3 + [2] * 9 + [3] * 9 + [4] * 9
@@ -249,7 +249,7 @@ def test_a_draft_threshold_drafts_a_chain_cut_before_its_first_unsure_draft_and_
     drafted = []
     for _, ids in list(_units(tok))[::4]:
         got = generate_ids(eng, ids, NEW_TOKENS)
-        assert got.tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        assert got.tokens == base_tokens(model, ids, NEW_TOKENS)
         assert not any(r.tree_size for r in got.rounds)  # a chain, also on an attention target
         drafted += [r.drafted for r in got.rounds]
     assert max(drafted) <= 5 and len(set(drafted)) >= 2, drafted  # a varying K, never above the depth

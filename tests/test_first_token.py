@@ -17,7 +17,7 @@ from harness.loop import generate
 from harness.models import fixtures
 from harness.prompts import encode_turn
 from tests.conftest import builtin_prompts
-from tests.helpers import base_engine, generate_ids
+from tests.helpers import base_tokens
 from tests.test_dflash import dflash_cfg
 from tests.test_eagle3 import eagle_cfg
 from tests.test_mtp import mtp_cfg
@@ -46,7 +46,7 @@ def test_the_drafter_covers_the_prompt_before_round_one_and_output_stays_lossles
     assert set(first.phases) == {"prefill", "prepare"} and first.phases["prepare"] > 0
     assert first.seconds == pytest.approx(sum(first.phases.values()), rel=0.05)
     out = [first.token] + [t for ev in events for t in ev.emitted]
-    assert out == generate_ids(base_engine(model), ids, 12).tokens  # still lossless
+    assert out == base_tokens(model, ids, 12)  # still lossless
 
 
 def test_the_record_splits_time_to_first_token(models):

@@ -15,7 +15,7 @@ from engines.methods.device import StaticBase
 from engines.runtime.sampling import Sampler
 from harness.config import MethodConfig
 from harness.generation import run_generation
-from tests.helpers import base_engine, generate_ids
+from tests.helpers import base_tokens
 
 cuda = pytest.mark.skipif(not la.kernel_available(), reason="the live-length kernel is CUDA-only")
 
@@ -72,7 +72,7 @@ def test_a_static_base_on_the_kernel_decodes_base_tokens_with_one_trace_per_shap
     assert eng.target.attention == "live-length CUDA kernel"
     ids = [5, 6, 7, 8, 9, 10]
     got = run_generation(eng, ids, 40, Sampler(0.0, 0)).tokens
-    assert got == generate_ids(base_engine(model), ids, 40).tokens
+    assert got == base_tokens(model, ids, 40)
     traces = eng.target.traces
     run_generation(eng, ids[:4], 40, Sampler(0.0, 0))
     assert eng.target.traces == traces  # a second generation in the same buffer bucket: no new trace

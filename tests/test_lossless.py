@@ -7,7 +7,7 @@ from engines.runtime.cache import ROLLBACK_STRATEGIES
 from engines.runtime.target import Target
 from harness.prompts import encode_turn
 from tests.conftest import ARCHS, builtin_prompts, method_cfg
-from tests.helpers import Oracle, base_engine, generate_ids
+from tests.helpers import Oracle, base_engine, base_tokens, generate_ids
 
 NEW_TOKENS = 48  # > the gemma fixtures' window of 32, on top of prompts that already exceed it
 
@@ -42,7 +42,7 @@ def test_partial_acceptance_at_every_position_stays_lossless(models, arch, strat
     k = 4
     seen = set()
     for _, ids in list(_units(tok))[::4]:
-        want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        want = base_tokens(model, ids, NEW_TOKENS)
         eng = Oracle(Target(model, rollback=strategy), k, want, len(ids), corrupt=True, seed=len(ids))
         got = generate_ids(eng, ids, NEW_TOKENS)
         assert got.tokens == want
@@ -54,7 +54,7 @@ def test_partial_acceptance_at_every_position_stays_lossless(models, arch, strat
 def test_oracle_drafter_gets_every_draft_accepted(models, arch):
     model, tok = models[arch]
     ids = next(_units(tok))[1]
-    want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+    want = base_tokens(model, ids, NEW_TOKENS)
     k = 3
     got = generate_ids(Oracle(Target(model), k, want, len(ids)), ids, NEW_TOKENS)
     assert got.tokens == want
@@ -75,5 +75,5 @@ def test_sampled_ngram_output_equals_base_sampling_with_the_same_seed(models, ar
         want = generate_ids(base_engine(model), ids, NEW_TOKENS, temperature=1.0, seed=11).tokens
         got = generate_ids(ngram, ids, NEW_TOKENS, temperature=1.0, seed=11).tokens
         assert got == want
-        differs_from_greedy += got != generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        differs_from_greedy += got != base_tokens(model, ids, NEW_TOKENS)
     assert differs_from_greedy >= 3, "sampling had too little effect for the test to mean anything"

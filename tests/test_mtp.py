@@ -15,7 +15,7 @@ from engines.runtime.sampling import Sampler
 from harness.generation import run_generation
 from harness.models import fixtures
 from tests.conftest import engine_cfg
-from tests.helpers import base_engine, generate_ids
+from tests.helpers import base_engine, base_tokens, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units
 
 
@@ -30,7 +30,7 @@ def test_mtp_greedy_output_is_identical_to_base_on_every_builtin_prompt(models, 
     tokens = rounds = partial = 0
     for uid, ids in _units(tok):
         got = generate_ids(eng, ids, NEW_TOKENS)
-        assert got.tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens, uid
+        assert got.tokens == base_tokens(model, ids, NEW_TOKENS), uid
         tokens, rounds = tokens + got.decode_tokens, rounds + len(got.rounds)
         partial += sum(0 < r.accepted < r.drafted for r in got.rounds)
     assert tokens / rounds > 1.3, "the fixture MTP head should be distilled from its target"
@@ -43,7 +43,7 @@ def test_sequential_verify_is_lossless_and_rolls_back_recurrent_state(models):
     for strategy in ROLLBACK_STRATEGIES:
         eng = MTP.build(model, mtp_cfg(fixtures.fixture_dir("qwen35"), 3, "sequential"), rollback=strategy)
         for _, ids in list(_units(tok))[:5]:
-            assert generate_ids(eng, ids, NEW_TOKENS).tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+            assert generate_ids(eng, ids, NEW_TOKENS).tokens == base_tokens(model, ids, NEW_TOKENS)
 
 
 def test_mtp_on_a_sliding_window_target_is_unsupported(models):

@@ -17,7 +17,7 @@ from engines.runtime.hidden import activation_dtype, hidden_size, vocab_size
 from harness.models import fixtures
 from harness.models.fixtures import cast_model
 from tests.conftest import engine_cfg
-from tests.helpers import base_engine, generate_ids
+from tests.helpers import base_tokens, generate_ids
 from tests.test_cli import QUICK, harness, records
 from tests.test_lossless import _units
 
@@ -75,7 +75,7 @@ def test_every_drafting_engine_is_lossless_on_a_4bit_target(quantized):
             eng = made[kind]()
             for _, ids in list(_units(tok))[:3]:
                 got = generate_ids(eng, ids, 32)
-                assert got.tokens == generate_ids(base_engine(model), ids, 32).tokens, f"{name} {kind}"
+                assert got.tokens == base_tokens(model, ids, 32), f"{name} {kind}"
 
 
 def test_a_4bit_target_runs_every_method_to_ok_records_without_divergence(tmp_path):

@@ -15,7 +15,7 @@ from harness.models.load import check_shared_tokenizer, load_target
 from harness.models.resolve import resolve_model
 from harness.prompts import load_suite
 from tests.conftest import engine_cfg
-from tests.helpers import base_engine, generate_ids
+from tests.helpers import base_engine, base_tokens, generate_ids
 
 NEW_TOKENS = 16
 
@@ -49,7 +49,7 @@ def test_the_0_5b_drafting_the_1_5b_gives_base_greedy_output_in_float32():
     for text in ("def fibonacci(n):", "import numpy as np\n\ndef softmax(x):"):
         ids = tok.encode(text)
         got = generate_ids(eng, ids, NEW_TOKENS)
-        assert got.tokens == generate_ids(base_engine(model), ids, NEW_TOKENS).tokens, text
+        assert got.tokens == base_tokens(model, ids, NEW_TOKENS), text
         accepted += [r.accepted for r in got.rounds]
     assert max(accepted) >= 2 and min(accepted) < 3, accepted  # runs accepted and drafts rejected: rollback ran
 

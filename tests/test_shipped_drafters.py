@@ -60,9 +60,8 @@ def test_each_shipped_drafter_is_found_by_default_and_runs_losslessly_on_smollm2
     from types import SimpleNamespace
 
     from engines.registry import get_engine
-    from engines.runtime.target import Target
     from harness.models.resolve import resolve_drafter
-    from tests.helpers import base_engine, generate_ids
+    from tests.helpers import base_tokens, generate_ids
 
     model, tok = smollm2
     cfg = SimpleNamespace(arch=SimpleNamespace(model="smollm2", dtype="float32", gguf_dequantize=True),
@@ -71,10 +70,10 @@ def test_each_shipped_drafter_is_found_by_default_and_runs_losslessly_on_smollm2
     assert Path(drafter) == shipped_drafter("smollm2", kind)  # no method.drafter needed
     eng = get_engine(KINDS[kind]).build(model, engine_cfg(name=KINDS[kind], drafter=drafter, **ENGINE_CFG[kind]))
     accepted = 0
-    for text in ["Write a haiku about the sea.", "def fibonacci(n):"]:
+    for text in ["def fibonacci(n):"]:  # code: every shipped drafter has drafts kept there (prose is slower to show)
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         got = generate_ids(eng, ids, 16)
-        assert got.tokens == generate_ids(base_engine(model), ids, 16).tokens, (kind, text)
+        assert got.tokens == base_tokens(model, ids, 16), (kind, text)
         accepted += sum(r.accepted for r in got.rounds)
     assert accepted > 0, f"the shipped {kind} drafter drafted nothing the target kept"
 

@@ -9,7 +9,7 @@ from engines.methods.suffix import MIN_PROB, Suffix, best_path, speculation_tree
 from engines.runtime.target import Target
 from engines.runtime.tree import tree_depths
 from tests.conftest import engine_cfg
-from tests.helpers import base_engine, generate_ids
+from tests.helpers import base_tokens, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units
 
 
@@ -36,7 +36,7 @@ def test_suffix_decoding_is_lossless(models, arch):
     eng = Suffix(Target(model), _cfg())
     drafted = 0
     for _, ids in list(_units(tok))[::2]:
-        want = generate_ids(base_engine(model), ids, NEW_TOKENS).tokens
+        want = base_tokens(model, ids, NEW_TOKENS)
         got = generate_ids(eng, ids, NEW_TOKENS)
         assert got.tokens == want
         drafted += sum(r.drafted for r in got.rounds)
