@@ -67,3 +67,14 @@ def test_back_refuses_to_overwrite_a_folder_that_came_back_another_way(tmp_path)
     r = run(root, "back")
     assert r.returncode == 2 and "exists" in r.stderr
     assert (tmp_path / "aside").is_dir()  # the moved copy is kept, not lost
+
+
+def test_docs_alone_aside_keeps_the_fixtures_and_drafters_and_comes_back_whole(tmp_path):
+    root = repo(tmp_path)
+    before = files(root)
+    r = run(root, "docs")
+    assert r.returncode == 0, r.stderr
+    assert set(files(root)) == {p for p in before if p.parts[0] != "docs"}  # what a harness call needs stays
+    r = run(root, "back")
+    assert r.returncode == 0 and r.stdout.strip() == "lean-tree: docs back in place", r.stderr
+    assert files(root) == before and not (tmp_path / "aside").exists()
