@@ -172,7 +172,8 @@ class LoadMeter:
     other_cpu_share: CPU time the machine spent busy outside this process (from /proc/stat
     and this process's own CPU time), as a share of all its cores over the cell's wall time.
     A paired ratio survives steady background load better than absolute tok/s, but not load
-    that comes and goes between reps; the report warns above report/tables.LOAD_WARN."""
+    that comes and goes between reps; the report and the gate warn above
+    harness/records.LOAD_WARN."""
 
     def __enter__(self):
         self.t0, self.own0, self.busy0 = time.perf_counter(), time.process_time(), _machine_busy()

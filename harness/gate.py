@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from tabulate import tabulate
 
 from harness.errors import ConfigError
-from harness.records import read_record
+from harness.records import LOAD_WARN, read_record
 from harness.run import RUN, run_cell
 
 
@@ -91,21 +91,34 @@ def outliers(record: dict) -> list[str]:
     return lines
 
 
+def busy_host(record: dict | None) -> float | None:
+    """The share of the CPUs other processes kept busy while the record's cell ran, when above
+    LOAD_WARN (its speeds then say more about the machine than about the code); else None."""
+    share = ((record or {}).get("load") or {}).get("other_cpu_share")
+    return share if isinstance(share, (int, float)) and share > LOAD_WARN else None
+
+
 def run_gate(cfg) -> int:
     """Run every check of cfg.gate; print the table; 0 if all pass, else 1."""
-    rows, flagged = [], []
+    rows, flagged, busy = [], [], {}
     for i, check in enumerate(cfg.gate.checks, 1):
         print(f"gate {cfg.gate.name}: check {i}/{len(cfg.gate.checks)} {check.name}", file=sys.stderr, flush=True)
         path = run_cell(_cell_config(cfg, check))
         record = read_record(Path(path)) if path else None
         rows += evaluate(check, record, RUN["id"])
         flagged += [f"  {check.name}: {line}" for line in (outliers(record) if record and record.get("status") == "ok" else [])]
+        if busy_host(record) is not None:
+            busy[check.name] = busy_host(record)
     failed = [r for r in rows if r[-1] == "FAIL"]
     if flagged:
         print(f"gate {cfg.gate.name}: reps slower than a third of their arm's median:", *flagged, sep="\n", file=sys.stderr)
     print(tabulate(rows, headers=["check", "metric", "bound", "value", "verdict"], tablefmt="github"))
     if failed:
         print(f"gate {cfg.gate.name}: {len(failed)} of {len(rows)} bounds fell short", file=sys.stderr)
+        for name in dict.fromkeys(r[0] for r in failed if r[0] in busy):
+            print(f"gate {cfg.gate.name}: {name!r} was measured while other processes kept {busy[name]:.0%} of the "
+                  "CPUs busy: its speeds may be the machine's, not the code's (rerun it on a quiet machine)",
+                  file=sys.stderr)
         return 1
     print(f"gate {cfg.gate.name}: all {len(rows)} bounds met", file=sys.stderr)
     return 0

@@ -19,6 +19,9 @@ import tempfile
 from pathlib import Path
 
 SCHEMA_VERSION = 1
+# A record's load.other_cpu_share above this (other processes busy on more than a fifth of the machine)
+# makes its tok/s and ratios suspect: the report's conditions line and the gate's verdicts say so.
+LOAD_WARN = 0.2
 
 
 def cell_id(cell: dict) -> str:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pandas as pd
 from tabulate import tabulate
 
+from harness.records import LOAD_WARN
 from report.frames import ALL, PHASE_PREFIX
-
-LOAD_WARN = 0.2  # other processes busy on more than a fifth of the machine (harness/env.LoadMeter)
 
 
 def _fmt(x, spec: str) -> str:

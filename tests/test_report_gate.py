@@ -106,6 +106,29 @@ def test_a_gate_names_each_outlier_rep_with_its_arm_prompt_and_rate():
     assert outliers(record) == ["p1 (turn 1), base rep 0: 90.0 tok/s, the arm's median on it 400.0"]
 
 
+def test_a_failed_gate_check_measured_on_a_busy_host_says_so(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from harness import gate
+
+    loads = {"quiet": 0.05, "busy": 0.43}
+    checks = [SimpleNamespace(name=n, overrides=[], min={"speedup": 0.8}, max={}) for n in ("quiet", "busy", "busy ok")]
+    records = {"quiet": 0.7, "busy": 0.7, "busy ok": 0.9}
+    monkeypatch.setattr(gate, "_cell_config", lambda cfg, check: check.name)
+    monkeypatch.setattr(gate, "run_cell", lambda name: name)
+    monkeypatch.setattr(gate, "read_record", lambda path: {
+        "status": "ok", "run": {"id": gate.RUN["id"]}, "cell": {"method": {"name": "ngram"}}, "prompts": [],
+        "summary": {"speedup": records[str(path)]},
+        "load": {"other_cpu_share": loads.get(str(path), 0.5)}})
+    assert gate.busy_host({"load": {"other_cpu_share": 0.2}}) is None and gate.busy_host(None) is None
+    assert gate.run_gate(SimpleNamespace(gate=SimpleNamespace(name="t", checks=checks))) == 1
+    err = capsys.readouterr().err
+    assert "2 of 3 bounds fell short" in err
+    # only the failing check measured under load is named; a busy check that passed and a quiet one are not
+    assert "'busy' was measured while other processes kept 43% of the CPUs busy" in err
+    assert "'quiet' was" not in err and "'busy ok' was" not in err
+
+
 def test_an_interrupted_sweep_resumes_with_only_the_missing_cells(tmp_path):
     out = tmp_path / "sweep"
     sweep = ["+sweep=qwen35", "method=base,ngram"]  # 6 distinct cells: enough to interrupt midway
