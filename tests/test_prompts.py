@@ -206,7 +206,7 @@ def test_suites_join_with_plus_in_order_and_ids_stay_unique(tmp_path):
         load_suite(f"{a}+{a}")
     with pytest.raises(ConfigError, match="empty part.*mtbench\\+humaneval"):
         load_suite("builtin+")
-    with pytest.raises(ConfigError, match="nope.jsonl does not exist.*a suite name \\(builtin, mtbench, humaneval, gsm8k, repeat\\)"):
+    with pytest.raises(ConfigError, match="nope.jsonl does not exist.*a suite name \\(builtin, mtbench, humaneval, gsm8k, repeat, repeat_chat\\)"):
         load_suite(f"{a}+{tmp_path / 'nope.jsonl'}")
 
 
@@ -234,3 +234,51 @@ def test_the_repeat_suite_asks_for_each_humaneval_function_back_commented_rename
     fix = first["repeat-fix-HumanEval/0"]  # one operator flipped in the canonical solution, the rest as shipped
     assert "distance <= threshold" in fix and any(b in fix for _, b in FLIPS)
     assert load_suite("repeat", categories=["fix"], max_prompts=3)[0].id == "repeat-fix-HumanEval/0"
+
+
+def _conv(cid, answer, human="human", gpt="gpt"):
+    return {"id": cid, "conversations": [{"from": human, "value": "a question"}, {"from": gpt, "value": answer}]}
+
+
+def test_the_repeat_chat_suite_asks_for_plain_prose_answers_back_proofread_quoted_or_translated(tmp_path, monkeypatch):
+    import json
+
+    from harness import prompts
+    from harness.models import packaged
+
+    prose = "The committee met on 12 March and Ada Lovelace chaired it. " * 10  # 600 characters
+    convs = [_conv("short", "Too short to repeat."), _conv("code", prose + "\n```python\nx = 1\n```"),
+             _conv("accents", prose + "é" * 40), _conv("reversed", prose, human="gpt", gpt="human"),
+             _conv("a", prose), _conv("a", prose + " Again."), _conv("b", prose.upper()), _conv("c", prose[::-1]),
+             _conv("long", prose * 3)]
+    shipped = tmp_path / "ShareGPT.json"
+    shipped.write_text(json.dumps(convs)[:-40])  # cut mid-record, as the package ships it
+    monkeypatch.setattr(packaged, "find", lambda pkg, setting: (shipped, "0.1.0"))
+    monkeypatch.setattr(prompts, "REPEAT_CHAT_TEXTS", 2)  # the first two that qualify, in the file's order
+    got = load_suite("repeat_chat")
+    assert [p.id for p in got] == ["repeat_chat-proofread-a", "repeat_chat-proofread-b", "repeat_chat-quote-a",
+                                   "repeat_chat-quote-b", "repeat_chat-translate-a", "repeat_chat-translate-b"]
+    assert all(p.turns[0].endswith(prose.strip()) for p in got if p.id.endswith("-a"))  # the text verbatim
+    assert "blockquote" in got[2].turns[0] and "French, keeping its names" in got[4].turns[0]
+    assert [p.id for p in load_suite("repeat_chat", categories=["quote"])] == ["repeat_chat-quote-a", "repeat_chat-quote-b"]
+    monkeypatch.setattr(prompts, "REPEAT_CHAT_TEXTS", 150)
+    assert len(load_suite("repeat_chat")) == 3 * 3  # a, b and c: the rest are too short, long, coded or accented
+    shipped.write_text(json.dumps(convs[:4]))
+    with pytest.raises(ConfigError, match="repeat_chat: ShareGPT file .* holds no first answer of plain prose"):
+        load_suite("repeat_chat")
+    shipped.write_bytes(b'[{"id": "x", "conversations": [{"from": "human", "value": "\xff\xfe"}]}]')
+    with pytest.raises(ConfigError, match="repeat_chat: ShareGPT file .* cannot be read.*reinstall it"):
+        load_suite("repeat_chat")
+
+
+def test_the_repeat_chat_suite_from_the_installed_package_has_its_450_prompts():
+    from harness import sharegpt
+    from harness.models import packaged
+
+    try:
+        packaged.find(sharegpt.PACKAGE, "bench.suite=repeat_chat")
+    except ConfigError as e:
+        pytest.skip(str(e))  # requirements-train.txt's package: not part of the test install
+    got = load_suite("repeat_chat")
+    assert len(got) == 450 and len({p.id for p in got}) == 450
+    assert [c for c in dict.fromkeys(p.category for p in got)] == ["proofread", "quote", "translate"]
