@@ -21,7 +21,7 @@ leaves behind.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import mlx.core as mx
 
@@ -129,6 +129,9 @@ class Engine:
 
     name: ClassVar[str] = ""  # the key engines/registry.py lists this class under
     knobs: ClassVar[tuple[str, ...]] = ()  # MethodConfig fields this method reads
+    # Settings of this method alone, name -> default (a bool, int, float or str): set as method.options.<name>,
+    # checked against the default's type, and part of the cell where set away from the default
+    options: ClassVar[dict[str, Any]] = {}
     drafts: ClassVar[bool] = True  # False: every round is one decode step (the loop pipelines them)
     external: ClassVar[bool] = False  # True: someone else's generation loop (engines/arms/external.py)
     incremental_verify: ClassVar[bool] = True  # False: verify is not the target's incremental one (re-prefill)
@@ -144,10 +147,18 @@ class Engine:
         self.prof = NullProfiler()
         self.sampler = None  # set by the loop before prefill (temperature, seeded streams)
         self.max_drafts: int | None = None  # set by the loop before each draft where caps_drafts
+        self.opt = self.option_values(cfg)  # this method's own settings (method.options over Engine.options)
         self.force = Force.from_config(getattr(cfg, "force", None))  # a chosen acceptance (engines/runtime/forced.py)
         # tokens a full round feeds the verify (K + 1): method.block_size where the method takes one, 1 where it
         # does not draft; a method whose block comes from elsewhere (its drafter, its tree) sets it in __init__
         self.block: int = (getattr(cfg, "block_size", None) if "block_size" in self.knobs else None) or 1
+
+    @classmethod
+    def option_values(cls, cfg) -> dict[str, Any]:
+        """The method's options: its declared defaults, with those method config `cfg` sets over them
+        (harness/config.validate has refused names it does not declare and values of another type)."""
+        given = getattr(cfg, "options", None) or {}
+        return {name: given.get(name, default) for name, default in cls.options.items()}
 
     @classmethod
     def hidden_layers(cls, cfg, model) -> tuple[int, ...]:

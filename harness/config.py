@@ -12,7 +12,7 @@ import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -60,7 +60,6 @@ class MethodConfig:
     total_tokens: int = 16  # eagle3: tree nodes kept for verification
     min_ngram: int = 1  # ngram: shortest suffix n-gram to match
     max_ngram: int = 3  # ngram: longest suffix n-gram to match (tried first)
-    workload: bool = True  # suffix: match the cell's earlier outputs of other prompts too, not only this request
     command: Optional[str] = None  # subprocess: the engine's command line (engines/arms/outside.py: the protocol)
     startup_timeout_s: float = 300.0  # subprocess / server: how long it may take to be ready (healthy)
     request_timeout_s: float = 300.0  # subprocess / server: the longest a whole request may take
@@ -72,6 +71,8 @@ class MethodConfig:
     #                                          stop before the first the drafter gives less than this probability;
     #                                          null = always K
     draft_bandit: bool = False  # adaptive draft length (draft_model): a UCB1 bandit picks K in 1..block-1 each round
+    options: Dict[str, Any] = field(default_factory=dict)  # settings of one method alone, declared by its engine
+    #                                                         (Engine.options), e.g. suffix's method.options.workload
 
 
 @dataclass
@@ -221,6 +222,7 @@ def validate(cfg) -> None:
     except KeyError as e:
         raise ConfigError(f"{e.args[0]} (choose with method=<name>)") from None
     _check_method(cfg.method, engine.knobs)
+    check_options(cfg.method, engine)
     _check_outside(cfg.method, engine.knobs)
     _one_of("arch.dtype", cfg.arch.dtype, DTYPES)
     _one_of("method.verify", cfg.method.verify, ("batched", "sequential"))
@@ -266,6 +268,59 @@ def _check_method(m, knobs) -> None:
     if "depth" in knobs and m.total_tokens < m.depth:
         raise ConfigError(f"eagle3 tree depth={m.depth}, top_k={m.top_k}, total_tokens={m.total_tokens} is not "
                           "valid; need depth >= 1, top_k >= 1 and total_tokens >= depth")
+
+
+def check_options(m, engine) -> None:
+    """method.options against the engine's declared options: a value of another type than the
+    default's (a number must be finite) is refused with what it takes; a name no method declares
+    (a typo) is refused with every method's options; one another method declares is ignored here,
+    as a knob this method does not read is (a sweep crosses methods)."""
+    given = getattr(m, "options", None) or {}
+    for name, value in given.items():
+        if name not in engine.options:
+            declared = _declared_options()
+            if name in declared:
+                continue
+            takes = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(_options_by_method().items()))
+            raise ConfigError(f"method.options.{name}: no method has such an option; {m.name} takes "
+                              f"{', '.join(engine.options) or 'none'} (every method's: {takes or 'none'})")
+        default = engine.options[name]
+        kind = bool if isinstance(default, bool) else (int, float) if isinstance(default, float) else type(default)
+        if isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, kind):
+            raise ConfigError(f"method.options.{name}={value!r} is not valid for {m.name}: it takes a "
+                              f"{type(default).__name__} (default {_yaml(default)})")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"method.options.{name}={value} is not a finite number; give {m.name} a finite one")
+
+
+def _options_by_method() -> dict[str, tuple[str, ...]]:
+    # Each registered method that declares options, by name (imports their modules: the rare path of a refusal).
+    from engines.registry import available
+
+    out = {}
+    for name in available():
+        try:
+            options = get_engine(name).options
+        except ImportError:  # an arm whose optional dependency is not installed declares nothing here
+            continue
+        if options:
+            out[name] = tuple(options)
+    return out
+
+
+def _declared_options() -> set[str]:
+    return {o for names in _options_by_method().values() for o in names}
+
+
+def set_options(m, engine) -> dict:
+    """The options method config `m` sets away from the engine's defaults: the part a cell's id holds
+    (an option left at its default keeps the ids of cells recorded before it existed)."""
+    values = engine.option_values(m)
+    return {k: v for k, v in values.items() if v != engine.options[k]}
+
+
+def _yaml(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _check_force(m) -> None:
@@ -402,6 +457,9 @@ def canonical_cell(cfg) -> dict:
         method["draft_threshold"] = cfg.method.draft_threshold
     if cfg.method.get("draft_bandit"):  # only when set: ids stay
         method["draft_bandit"] = True
+    options = set_options(cfg.method, get_engine(cfg.method.name))
+    if options:  # only those set away from the method's defaults: ids stay
+        method["options"] = options
     dispatch = {k: v for k, v in OmegaConf.to_container(cfg.dispatch).items() if v is not None}
     arch = OmegaConf.to_container(cfg.arch, resolve=True)
     if arch.get("gguf_dequantize", True):

@@ -62,6 +62,18 @@ def first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
+def composition_error(e: BaseException, where: str = "") -> ConfigError:
+    """Hydra's composition error as one line: where, the key it names, its first line, and for an
+    option a method's conf file does not list, how to add it."""
+    cause = e.__cause__ or e
+    key = getattr(cause, "full_key", None) or ""
+    hint = ""
+    if key.startswith("method.options.") and "not in struct" in first_line(cause):
+        hint = ("; this method's conf file does not list that option: add it with ++method.options.<name>=<value> "
+                "(the method then checks its name and type)")
+    return ConfigError(f"{where + ': ' if where else ''}{key + ': ' if key else ''}{first_line(cause)}{hint}")
+
+
 def compose_first_job(config_name: str, args: list[str]):
     """The app's config as the first job of its command line gets it (Hydra config included),
     composed before Hydra runs: ConfigError with Hydra's first line and the key it names for a
@@ -75,8 +87,6 @@ def compose_first_job(config_name: str, args: list[str]):
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = compose(config_name=config_name, overrides=first_job(overrides), return_hydra_config=True)
     except Exception as e:  # noqa: BLE001 -- composition errors (types, missing options): one line each
-        cause = e.__cause__ or e
-        key = getattr(cause, "full_key", None)
-        raise ConfigError(f"{key + ': ' if key else ''}{first_line(cause)}") from None
+        raise composition_error(e) from None
     check_sweep_mode(overrides, args, cfg.hydra)
     return cfg

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from harness.config import GROUPS, NESTED, OPTION_GROUPS, Config, check_out_dir, conf_dir, group_options, validate
 from harness.errors import ConfigError, TargetError
-from harness.flags import compose_first_job, first_line, override_args, parse_overrides
+from harness.flags import compose_first_job, composition_error, first_line, override_args, parse_overrides
 
 MAX_JOBS = 10_000  # a sweep larger than this is a typo in an axis, not an experiment
 
@@ -128,9 +128,7 @@ def _compose(compose, overrides: list[str], where: str):
     try:
         return compose(config_name="config", overrides=list(overrides))
     except Exception as e:  # noqa: BLE001 -- composition errors (types, missing options): one line each
-        cause = e.__cause__ or e
-        key = getattr(cause, "full_key", None)
-        raise ConfigError(f"{where + ': ' if where else ''}{key + ': ' if key else ''}{first_line(cause)}") from None
+        raise composition_error(e, where) from None
 
 
 class Seen:

@@ -227,7 +227,8 @@ SUMMARY = maybe({**{k: maybe(NUMBER) for k in SUMMARY_NUMBERS},
 ENGINE = maybe({"version": maybe(TEXT), "launch": maybe(TEXT), "command": maybe(TEXT)})
 REPORTED = {
     "cell_id": TEXT, "status": TEXT, "started_at": maybe(TEXT),
-    "cell": {"arch": {"name": TEXT}, "method": {"name": TEXT, "label": maybe(TEXT), "block_size": maybe(INT)},
+    "cell": {"arch": {"name": TEXT}, "method": {"name": TEXT, "label": maybe(TEXT), "block_size": maybe(INT),
+                                                "options": maybe({})},
              "kv": {"name": TEXT}, "reference": maybe(TEXT), "dispatch": maybe({}),
              "bench": maybe({"temperature": maybe(NUMBER), "context": maybe(INT), "max_new_tokens": maybe(NUMBER)})},
     "env": {"host": maybe(TEXT), "backend": maybe(TEXT), "blas_kind": maybe(TEXT),

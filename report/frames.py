@@ -147,7 +147,9 @@ def _keys(rec: dict, labels: dict[str, tuple[str, str]]) -> dict:
         method += f" [drafts while p >= {threshold:g}]"
     if cell["method"].get("draft_bandit") is True:  # adaptive draft length: K picked each round
         method += " [K by bandit]"
-    if cell["method"].get("workload") is False:  # suffix decoding without the cell's earlier outputs
+    for name, value in sorted((cell["method"].get("options") or {}).items()):  # a method's own settings, off default
+        method += f" [{name}={str(value).lower() if isinstance(value, bool) else value}]"
+    if cell["method"].get("workload") is False:  # suffix records from before method options (2026-12-07)
         method += " [request only]"
     if bench:
         method += f" ({bench})"

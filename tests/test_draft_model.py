@@ -302,7 +302,7 @@ def test_a_draft_bandit_is_refused_where_it_cannot_pick_k():
     validate(compose("arch=llama", "method=draft_model", "method.draft_bandit=true"))
 
 
-def test_the_report_labels_each_way_of_choosing_the_draft_length_and_a_suffix_arm_without_its_workload():
+def test_the_report_labels_each_way_of_choosing_the_draft_length_and_each_method_option_off_its_default():
     from report.frames import _keys
 
     def label(**method):
@@ -312,5 +312,8 @@ def test_the_report_labels_each_way_of_choosing_the_draft_length_and_a_suffix_ar
     assert label(name="draft_model", block_size=6) == "draft_model"
     assert label(name="draft_model", block_size=6, draft_threshold=0.5) == "draft_model [drafts while p >= 0.5]"
     assert label(name="draft_model", block_size=6, draft_bandit=True) == "draft_model [K by bandit]"
-    assert label(name="suffix", workload=True) == "suffix"
+    assert label(name="suffix") == "suffix"  # an option at its default is not in the cell
+    assert label(name="suffix", options={"workload": False}) == "suffix [workload=false]"
+    assert label(name="x", options={"b": 2, "a": "z"}) == "x [a=z] [b=2]"
+    assert label(name="suffix", workload=True) == "suffix"  # records from before method options held it as a knob
     assert label(name="suffix", workload=False) == "suffix [request only]"

@@ -54,7 +54,7 @@ def tiny(tmp_path_factory):
         "eagle3": lambda: Eagle3.build(model, engine_cfg(drafter=str(root / "eagle3"), verify="batched",
                                                                 depth=2, top_k=2, total_tokens=4)),
         "suffix": lambda: Suffix.build(model, engine_cfg(name="suffix", min_ngram=1, max_ngram=8, total_tokens=4,
-                                                         workload=True, verify="batched")),
+                                                         options={"workload": True}, verify="batched")),
         "ddtree": lambda: DDTree.build(model, engine_cfg(block_size=3, drafter=str(root / "dflash"), verify="batched",
                                                          top_k=2, total_tokens=4)),
     }

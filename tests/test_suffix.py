@@ -13,8 +13,9 @@ from tests.helpers import base_tokens, generate_ids
 from tests.test_lossless import NEW_TOKENS, _units
 
 
-def _cfg(**kw):
-    return engine_cfg(name="suffix", **{"min_ngram": 1, "max_ngram": 32, "total_tokens": 16, "workload": True, **kw})
+def _cfg(workload=True, **kw):
+    return engine_cfg(name="suffix", **{"min_ngram": 1, "max_ngram": 32, "total_tokens": 16,
+                                        "options": {"workload": workload}, **kw})
 
 
 def test_the_tree_takes_the_most_frequent_continuations_first():

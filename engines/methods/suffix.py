@@ -4,7 +4,7 @@ history's longest recurring suffix, in this request and in the cell's earlier ou
 Two indexes of the n-grams (min_ngram <= n <= max_ngram) of token sequences, each n-gram mapped
 to the positions where it ends: one over this request's prompt and output (grown as it decodes),
 and one over the workload, the outputs of the cell's earlier generations of other prompts
-(`method.workload`). Each round takes the longest suffix of the history that occurred before,
+(`method.options.workload`). Each round takes the longest suffix of the history that occurred before,
 gathers the continuations of its latest MAX_OCCURRENCES occurrences into a trie, scores each
 node by the share of occurrences that reach it, and keeps the best nodes (each at least
 MIN_PROB) up to min(total_tokens, SPEC_FACTOR x the match length): a long match earns a large
@@ -104,12 +104,13 @@ def best_path(tokens: list[int], parents: list[int]) -> list[int]:
 
 class Suffix(Engine):
     name = "suffix"
-    knobs = ("min_ngram", "max_ngram", "total_tokens", "workload", "verify")
+    knobs = ("min_ngram", "max_ngram", "total_tokens", "verify")
+    options = {"workload": True}  # match the cell's earlier outputs of other prompts too, not only this request
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
         self.min_n, self.max_n, self.total = cfg.min_ngram, cfg.max_ngram, cfg.total_tokens
-        self.use_workload = cfg.workload
+        self.use_workload = self.opt["workload"]
         self.tree = not target.layout.recurrent  # one recurrent state cannot hold many branches
         self.block = self.total + 1  # tokens a full round verifies: the root and every node
         self.workload = SequenceIndex(self.min_n, self.max_n)  # every recorded output, kept across generations
