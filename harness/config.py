@@ -278,10 +278,10 @@ def check_options(m, engine) -> None:
     given = getattr(m, "options", None) or {}
     for name, value in given.items():
         if name not in engine.options:
-            declared = _declared_options()
-            if name in declared:
+            by_method = _options_by_method()
+            if any(name in names for names in by_method.values()):
                 continue
-            takes = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(_options_by_method().items()))
+            takes = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(by_method.items()))
             raise ConfigError(f"method.options.{name}: no method has such an option; {m.name} takes "
                               f"{', '.join(engine.options) or 'none'} (every method's: {takes or 'none'})")
         default = engine.options[name]
@@ -306,10 +306,6 @@ def _options_by_method() -> dict[str, tuple[str, ...]]:
         if options:
             out[name] = tuple(options)
     return out
-
-
-def _declared_options() -> set[str]:
-    return {o for names in _options_by_method().values() for o in names}
 
 
 def set_options(m, engine) -> dict:

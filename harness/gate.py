@@ -107,8 +107,9 @@ def run_gate(cfg) -> int:
         record = read_record(Path(path)) if path else None
         rows += evaluate(check, record, RUN["id"])
         flagged += [f"  {check.name}: {line}" for line in (outliers(record) if record and record.get("status") == "ok" else [])]
-        if busy_host(record) is not None:
-            busy[check.name] = busy_host(record)
+        share = busy_host(record)
+        if share is not None:
+            busy[check.name] = share
     failed = [r for r in rows if r[-1] == "FAIL"]
     if flagged:
         print(f"gate {cfg.gate.name}: reps slower than a third of their arm's median:", *flagged, sep="\n", file=sys.stderr)
