@@ -267,6 +267,7 @@ def accept_hist_rows(rec: dict, labels) -> list[dict]:
 
 
 ALL = "all"  # the category row of a cell's every prompt: the same estimators over the whole cell
+SUITE_PREFIX = "suite "  # a row of one suite's every prompt, where a cell mixes suites (`bench.suite=a+b`)
 
 CATEGORY_COLUMNS = ["arch", "method", "block_size", "kv", "reference", "category", "prompts", "turns", "tokens",
                     "base_decode_tps", "decode_tps", "speedup", "speedup_ci_low", "speedup_ci_high",
@@ -283,11 +284,17 @@ def categories(records) -> pd.DataFrame:
 
 
 def category_rows(rec: dict, labels) -> list[dict]:
-    """One record's `categories` rows: its whole cell, then each category its items hold."""
+    """One record's `categories` rows: its whole cell, each suite where it mixes several
+    (`suite <name>`: a suite's pooled interval, which its categories' intervals do not give),
+    then each category its items hold."""
     items = _items(rec)
     if rec.get("status") != "ok" or not items:
         return []
     groups = {ALL: items}
+    suites = list(dict.fromkeys(i.get("suite", "") for i in items))
+    if len(suites) > 1:
+        for s in suites:
+            groups[SUITE_PREFIX + (s or "?")] = [i for i in items if i.get("suite", "") == s]
     label = category_labels(items)
     for i in items:
         groups.setdefault(label(i), []).append(i)

@@ -276,7 +276,8 @@ CATEGORY_CAPTION = (
     "rep, the category's decode tokens over its decode time (summed over its prompts), median over reps. "
     "Speedup: per rep, the method's tok/s over the reference arm's tok/s in the same rep (a ratio of summed "
     "tokens over summed time per arm, paired by rep), median over reps; 95% CI a t-interval on the log ratios, "
-    "as for the whole cell. tau = decode tokens / rounds; acceptance = accepted / drafted drafts. A category "
+    "as for the whole cell; `suite <name>` columns, where a cell mixes suites, pool one suite's prompts alike. "
+    "tau = decode tokens / rounds; acceptance = accepted / drafted drafts. A category "
     "holds few prompts under a reduced protocol: read its CI before its point estimate.")
 
 

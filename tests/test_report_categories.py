@@ -167,3 +167,19 @@ def test_a_cell_refused_before_its_model_loaded_shares_its_arch_table_with_the_r
     names = [c.strip() for c in header.strip("|").split("|")]
     assert names[0] == "method" and names[-1] == "diverged" and len(cols) == len(names)
     assert cols[0] == "dflash_a" and cols[-1] == "unsupported: no dflash drafter"
+
+
+def test_a_cell_mixing_suites_gets_one_pooled_row_per_suite():
+    """`bench.suite=humaneval+repeat`: a suite's pooled interval is its own row (`suite repeat`), the
+    same estimators over that suite's prompts alone; a cell of one suite gets none."""
+    prose = [dict(i, suite="chat") for i in PROSE]
+    code = [dict(i, suite="repeat") for i in CODE]
+    df = categories([("a.json", _record("ngram", prose + code))])
+    assert list(df["category"]) == ["all", "suite chat", "suite repeat", "prose", "code"]
+    pooled, code_row = _row(df, "ngram", "suite repeat"), _row(df, "ngram", "code")
+    for key in ("speedup", "speedup_ci_low", "speedup_ci_high", "tau", "decode_tps"):
+        assert pooled[key] == pytest.approx(code_row[key]), key  # the suite holds exactly the code prompts
+    assert _row(df, "ngram", "suite chat")["speedup"] == pytest.approx(_row(df, "ngram", "prose")["speedup"])
+    assert "suite" not in " ".join(categories(_records())["category"])  # one suite: no suite rows
+    assert list(_table(category_tables(df), "tau (tokens per verify)")["ngram"]) == [
+        "method", "block", "kv", "all", "suite chat", "suite repeat", "prose", "code"]
