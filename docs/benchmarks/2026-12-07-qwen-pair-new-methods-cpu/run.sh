@@ -16,4 +16,8 @@ python -m harness "${pair[@]}" method.block_size=7 method.draft_threshold=0.6
 repeat=(arch=qwen_coder bench=real bench.suite=humaneval+repeat "bench.categories=[humaneval,comment,rename,fix]" "${short[@]}")
 python -m harness -m "${repeat[@]}" method=suffix ++method.options.workload=true,false
 python -m harness "${repeat[@]}" method=ngram method.block_size=4
+python -m harness "${repeat[@]}" method=ngram method.block_size=8   # added at d3f2735
+# DDTree with a random DFlash drafter of the pair's shape (none ships for it): losslessness only
+python -c "from pathlib import Path; from harness.models import scale; scale.build_dflash('qwen2.5-1.5b', None, Path('/tmp/qwen-dflash'))"
+python -m harness "${repeat[@]}" method=ddtree method.drafter=/tmp/qwen-dflash
 python -m report "$O"
