@@ -147,13 +147,14 @@ def _on_device(engine, prompt: list[int], max_new_tokens: int, stop_tokens: froz
             ahead = engine.next_round()
         mx.async_eval(ahead)
         values = outcome.tolist()  # the round's one host read, made after the next round is queued
+        reach = engine.read(values)
         n = values[0]
         emitted = values[1: n + 2][: max_new_tokens - produced]
         stops = [i for i, t in enumerate(emitted) if t in stop_tokens]
         if stops:
             emitted = emitted[: stops[0] + 1]
         t2 = time.perf_counter()
-        yield Round(engine.reach, n, emitted, t2 - t1, None, tree_size=engine.tree_size, reads=1, ahead=True)
+        yield Round(reach, n, emitted, t2 - t1, None, tree_size=engine.tree_size, reads=1, ahead=True)
         t1 = t2
         produced += len(emitted)
         token = emitted[-1]

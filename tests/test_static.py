@@ -193,3 +193,27 @@ def test_a_fused_round_follows_the_sampler_and_counts_what_it_feeds(models):
         a, b = _run(plain, PROMPTS[0], 16, sampler), _run(fused, PROMPTS[0], 16, sampler)
         assert a.tokens == b.tokens, sampler.temperature
         assert fused.target.fed_tokens - fed == len(PROMPTS[0]) + sum(r.drafted + 1 for r in b.rounds) + 4
+
+
+def test_static_ngram_verifies_drafts_only_where_the_latest_read_matched(models):
+    """A static n-gram round verifies its K drafts, or none (a one-token step) where the latest outcome
+    read says the lookup found no match, as eager n-gram drafting does; the record's `drafted` says which
+    ran, and the target is fed exactly that (plus the round queued behind the last read)."""
+    model, _ = models["llama"]
+    engine = get_engine("ngram", "static").build(model, _cfg("ngram"))
+    widths = set()
+    for prompt in PROMPTS:
+        fed = engine.target.fed_tokens
+        gen = _run(engine, prompt, n=30)
+        drafted = [r.drafted for r in gen.rounds]
+        widths |= set(drafted)
+        extra = engine.target.fed_tokens - fed - len(prompt) - sum(d + 1 for d in drafted)
+        assert extra in (1, 4), extra  # the one round queued past the last read: narrow or wide
+    assert widths == {0, 3}  # both kinds ran over these prompts
+    # the width of the round queued after a read is the read's match flag (its last entry)
+    engine.start(PROMPTS[0], 30)
+    first = engine.next_round()
+    engine.next_round()
+    values = first.tolist()
+    assert engine.read(values) == 3  # the first round is wide: nothing read yet
+    assert engine.round_reach() == (3 if values[-1] else 0)

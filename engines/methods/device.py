@@ -20,6 +20,7 @@ Acceptance is engines/runtime/sampling.py's, at an output position held on the d
 
 from __future__ import annotations
 
+from collections import deque
 from typing import ClassVar
 
 import mlx.core as mx
@@ -50,7 +51,8 @@ class DeviceEngine(Engine):
         self.pending = None  # [1] int32: the last emitted token, not yet fed to the target
         self.out_pos = None  # [] int32: the output position of the next round's first token
         self.fuse = False
-        self._fused: dict = {}  # (temperature, seed) -> (the compiled round, tokens it feeds each static target)
+        self._fused: dict = {}  # fuse_key() -> (the compiled round, tokens it feeds each static target)
+        self._queued: deque[int] = deque()  # the reach of each round queued and not yet read, oldest first
 
     @classmethod
     def build(cls, model, cfg, kv: str = "native", **target_kw) -> "DeviceEngine":
@@ -66,6 +68,7 @@ class DeviceEngine(Engine):
         logits = self.target.prefill(prompt, max_new_tokens + 2 * self.block).logits
         self.pending = self.sampler.choose(logits[None], 0).astype(mx.int32)  # [1]
         self.out_pos = mx.array(1, dtype=mx.int32)
+        self._queued.clear()
         return self.pending
 
     @property
@@ -78,15 +81,29 @@ class DeviceEngine(Engine):
         """Nodes a tree round verifies besides the pending token; 0 for a chain."""
         return 0
 
+    def round_reach(self) -> int:
+        """The reach of the round round() builds now: `reach`, unless the engine narrows some rounds."""
+        return self.reach
+
+    def read(self, values: list[int]) -> int:
+        """The loop hands over each outcome it reads (oldest queued first); returns that round's reach.
+        An engine may learn from it what to queue next (NgramStatic: whether its drafts matched)."""
+        return self._queued.popleft()
+
     def round(self) -> mx.array:
         raise NotImplementedError
 
+    def fuse_key(self) -> tuple:
+        """What a traced round takes as constants: the sampler's temperature and seed, and whatever
+        else selects a round's shape (one compiled round per key)."""
+        return (self.sampler.temperature, self.sampler.seed)
+
     def next_round(self) -> mx.array:
-        """The loop's call: round(), or the same round compiled whole where `fuse` and `fusable`. The
-        sampler's temperature and seed are constants of a traced round: one compiled round per sampler."""
+        """The loop's call: round(), or the same round compiled whole where `fuse` and `fusable`."""
+        self._queued.append(self.round_reach())
         if not (self.fuse and self.fusable):
             return self.round()
-        key = (self.sampler.temperature, self.sampler.seed)
+        key = self.fuse_key()
         if key not in self._fused:
             self._fused[key] = (mx.compile(self._traced_round), {})
         fused, fed = self._fused[key]
@@ -100,7 +117,7 @@ class DeviceEngine(Engine):
         self._scatter(state)
         before = {id(t): t.fed_tokens for t in self._static_targets()}
         outcome = self.round()
-        fed = self._fused[(self.sampler.temperature, self.sampler.seed)][1]
+        fed = self._fused[self.fuse_key()][1]
         for t in self._static_targets():
             fed[id(t)] = t.fed_tokens - before[id(t)]
             t.fed_tokens = before[id(t)]  # next_round adds them, on this call as on every replay

@@ -75,11 +75,9 @@ class Ngram(Engine):
         return Draft(self.index.propose(history, self.k))
 
 
-def lookup(history: mx.array, length: mx.array, k: int, min_n: int, max_n: int) -> mx.array:
-    """NgramIndex.propose on the device: history [C] ids of which the first `length` ([] int32) are
-    real -> drafts [K]. The longest suffix n-gram that occurred earlier, its latest occurrence, and
-    the K tokens after it, copied forward past the end as _copy_forward does. Without a match the
-    drafts repeat the last token (a round must have K of them; the verify rejects what is wrong)."""
+def match_start(history: mx.array, length: mx.array, min_n: int, max_n: int) -> mx.array:
+    """history [C] ids of which the first `length` ([] int32) are real -> [] int32: the position after
+    the latest earlier occurrence of the longest suffix n-gram (min_n..max_n), or -1 without one."""
     c = history.shape[0]
     idx = mx.arange(c)
     start = mx.array(-1, dtype=mx.int32)
@@ -91,6 +89,19 @@ def lookup(history: mx.array, length: mx.array, k: int, min_n: int, max_n: int) 
             ends = ends & (shifted == suffix[n - 1 - j])
         latest = mx.max(mx.where(ends, idx, -1))
         start = mx.where(latest >= 0, latest + 1, start)
+    return start
+
+
+def lookup(history: mx.array, length: mx.array, k: int, min_n: int, max_n: int) -> mx.array:
+    """NgramIndex.propose on the device: history [C] ids of which the first `length` ([] int32) are
+    real -> drafts [K]. The longest suffix n-gram that occurred earlier, its latest occurrence, and
+    the K tokens after it, copied forward past the end as _copy_forward does. Without a match the
+    drafts repeat the last token (a round must have K of them; the verify rejects what is wrong)."""
+    return _drafts_from(history, length, match_start(history, length, min_n, max_n), k)
+
+
+def _drafts_from(history: mx.array, length: mx.array, start: mx.array, k: int) -> mx.array:
+    c = history.shape[0]
     period = mx.maximum(length - start, 1)
     drafts = mx.take(history, mx.clip(start + mx.arange(k) % period, 0, c - 1))
     return mx.where(start >= 0, drafts, mx.take(history, mx.maximum(length - 1, 0))).astype(mx.int32)
@@ -98,7 +109,15 @@ def lookup(history: mx.array, length: mx.array, k: int, min_n: int, max_n: int) 
 
 class NgramStatic(DeviceEngine):
     """N-gram drafting in a round that stays on the device (engines/methods/device.py): the history is a
-    device buffer, the lookup (`lookup`) a compiled function of it, the K drafts always K."""
+    device buffer, the lookup (`lookup`) a compiled function of it, made at the end of each round for the
+    next one.
+
+    A round verifies K drafts, or none (a one-token step) where the latest outcome read says the lookup
+    found no match: as eager n-gram drafting does without a match, so a stretch of text that repeats
+    nothing costs base steps, not verifies of K + 1 (on 2 CPU cores a verify of 4 costs ~1.9 steps).
+    The outcome read one round late tells whether the round after it matched, so the width of round
+    n + 1 follows round n's match: a guess that costs, when wrong, a verify of drafts that match nothing
+    or a round without the drafts that would have matched; never a token (either round is lossless)."""
 
     name = "ngram"
     knobs = ("block_size", "min_ngram", "max_ngram", "verify")
@@ -107,7 +126,13 @@ class NgramStatic(DeviceEngine):
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
         self.k, self.block = cfg.block_size - 1, cfg.block_size
-        self._lookup = mx.compile(lambda h, n: lookup(h, n, self.k, cfg.min_ngram, cfg.max_ngram))
+        self.wide = True  # the next round queued verifies K drafts (else none)
+
+        def drafts_and_match(h, n):  # -> drafts [K], [] int32 1 where the lookup matched
+            start = match_start(h, n, cfg.min_ngram, cfg.max_ngram)
+            return _drafts_from(h, n, start, self.k), (start >= 0).astype(mx.int32)
+
+        self._lookup = mx.compile(drafts_and_match)
 
     def start(self, prompt, max_new_tokens):
         first = super().start(prompt, max_new_tokens)
@@ -116,18 +141,33 @@ class NgramStatic(DeviceEngine):
         self.history = mx.concatenate([mx.array(prompt, dtype=mx.int32), first,
                                        mx.zeros((size - len(prompt) - 1,), dtype=mx.int32)])
         self.length = mx.array(len(prompt) + 1, dtype=mx.int32)
+        self.drafts, self.matched = self._lookup(self.history, self.length)
+        self.wide = True
         return first
 
+    def round_reach(self) -> int:
+        return self.k if self.wide else 0
+
+    def fuse_key(self) -> tuple:
+        return (*super().fuse_key(), self.wide)
+
+    def read(self, values: list[int]) -> int:
+        reach = super().read(values)
+        self.wide = bool(values[-1])  # the outcome's last entry: did the round after it match
+        return reach
+
     def round(self):
-        drafts = self._lookup(self.history, self.length)  # [K]
-        outcome, _ = self.verify_and_accept(drafts, None)
-        start = mx.minimum(self.length, self.history.shape[0] - (self.k + 1))  # in bounds, as StaticKVCache writes
+        drafts = self.drafts if self.wide else self.drafts[:0]  # [K] or [0]
+        outcome, _ = self.verify_and_accept(drafts, None)  # [1 + w]: n, then w tokens
+        w = outcome.shape[0] - 1
+        start = mx.minimum(self.length, self.history.shape[0] - w)  # in bounds, as StaticKVCache writes
         self.history = mx.slice_update(self.history, outcome[1:], start[None], axes=(0,))
         self.length = self.length + outcome[0] + 1
-        return outcome
+        self.drafts, self.matched = self._lookup(self.history, self.length)
+        return mx.concatenate([outcome, self.matched[None]])  # [1 + w + 1]: the match flag last
 
     def state(self):
-        return [*super().state(), self.history, self.length]
+        return [*super().state(), self.history, self.length, self.drafts, self.matched]
 
     def describe(self):
         return {**super().describe(), "k": self.k}
