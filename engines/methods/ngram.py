@@ -117,7 +117,8 @@ class NgramStatic(DeviceEngine):
     nothing costs base steps, not verifies of K + 1 (on 2 CPU cores a verify of 4 costs ~1.9 steps).
     The outcome read one round late tells whether the round after it matched, so the width of round
     n + 1 follows round n's match: a guess that costs, when wrong, a verify of drafts that match nothing
-    or a round without the drafts that would have matched; never a token (either round is lossless)."""
+    or a round without the drafts that would have matched; never a token (either round is lossless).
+    Under `method.force` every round drafts: a forced count is a count of drafts."""
 
     name = "ngram"
     knobs = ("block_size", "min_ngram", "max_ngram", "verify")
@@ -153,7 +154,9 @@ class NgramStatic(DeviceEngine):
 
     def read(self, values: list[int]) -> int:
         reach = super().read(values)
-        self.wide = bool(values[-1])  # the outcome's last entry: did the round after it match
+        # the outcome's last entry: did the round after it match; a forced cell drafts every round (its
+        # count is of drafts, and the round's cost is what it measures)
+        self.wide = bool(values[-1]) or self.force is not None
         return reach
 
     def round(self):
