@@ -210,10 +210,15 @@ def test_static_ngram_verifies_drafts_only_where_the_latest_read_matched(models)
         extra = engine.target.fed_tokens - fed - len(prompt) - sum(d + 1 for d in drafted)
         assert extra in (1, 4), extra  # the one round queued past the last read: narrow or wide
     assert widths == {0, 3}  # both kinds ran over these prompts
-    # the width of the round queued after a read is the read's match flag (its last entry)
-    engine.start(PROMPTS[0], 30)
-    first = engine.next_round()
-    engine.next_round()
-    values = first.tolist()
-    assert engine.read(values) == 3  # the first round is wide: nothing read yet
-    assert engine.round_reach() == (3 if values[-1] else 0)
+    # the first rounds' width is the eager index's answer over prompt + first token; after a read, the
+    # read's match flag (its last entry)
+    cfg = _cfg("ngram")
+    for prompt in [*PROMPTS, [1, 2, 3, 4, 5, 6]]:
+        first = engine.start(prompt, 30).item()
+        matched = bool(NgramIndex(cfg.min_ngram, cfg.max_ngram).propose([*prompt, first], 3))
+        assert engine.round_reach() == (3 if matched else 0), prompt
+        head = engine.next_round()
+        engine.next_round()
+        values = head.tolist()
+        assert engine.read(values) == (3 if matched else 0)
+        assert engine.round_reach() == (3 if values[-1] else 0)

@@ -116,8 +116,9 @@ class NgramStatic(DeviceEngine):
     found no match: as eager n-gram drafting does without a match, so a stretch of text that repeats
     nothing costs base steps, not verifies of K + 1 (on 2 CPU cores a verify of 4 costs ~1.9 steps).
     The outcome read one round late tells whether the round after it matched, so the width of round
-    n + 1 follows round n's match: a guess that costs, when wrong, a verify of drafts that match nothing
-    or a round without the drafts that would have matched; never a token (either round is lossless).
+    n + 1 follows round n's match (the first two rounds': the prompt's own lookup, read with the prefill):
+    a guess that costs, when wrong, a verify of drafts that match nothing or a round without the drafts
+    that would have matched; never a token (either round is lossless).
     Under `method.force` every round drafts: a forced count is a count of drafts."""
 
     name = "ngram"
@@ -143,7 +144,9 @@ class NgramStatic(DeviceEngine):
                                        mx.zeros((size - len(prompt) - 1,), dtype=mx.int32)])
         self.length = mx.array(len(prompt) + 1, dtype=mx.int32)
         self.drafts, self.matched = self._lookup(self.history, self.length)
-        self.wide = True
+        # the first rounds' width from the prompt's own lookup, read with the prefill (which the loop reads
+        # for the first token anyway): the first two rounds are queued before any round's outcome is read
+        self.wide = self.force is not None or bool(self.matched.item())
         return first
 
     def round_reach(self) -> int:
