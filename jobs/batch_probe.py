@@ -15,7 +15,6 @@ compared with their one-by-one tokens (`rows_equal`): a batched matmul may round
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -34,6 +33,9 @@ from harness.faults import guarded  # noqa: E402
 from harness.models.load import load_target  # noqa: E402
 from harness.models.resolve import resolve_model  # noqa: E402
 from harness.prompts import encode_turn, load_suite  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from graph_env import emit  # noqa: E402
 
 
 def prompts_for(tokenizer, n: int) -> list[list[int]]:
@@ -108,11 +110,7 @@ def main() -> int:
                "batched_tps": round(decoded / statistics.median(bat_s), 2),
                "batched_over_one_by_one": [round(r, 3) for r in ratios],
                "rows_equal": [x == y for x, y in zip(bat_rows, seq_rows)]}
-        line = json.dumps(row)
-        print(line, flush=True)
-        if a.out:
-            with a.out.open("a") as f:
-                f.write(line + "\n")
+        emit(row, a.out)
     return 0
 
 

@@ -53,6 +53,15 @@ DRAFTERS = Path("harness/data/drafters/smollm2")  # the shipped drafters, by kin
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def emit(row: dict, out: Path | None) -> None:
+    """A job's result row: one JSON line on stdout, appended to `out` when given (the jobs' --out)."""
+    line = json.dumps(row)
+    print(line, flush=True)
+    if out:
+        with out.open("a") as f:
+            f.write(line + "\n")
+
+
 def build(cfg: dict, dtype, bits: int = 0) -> llama.Model:
     """Random weights in `dtype`; with `bits`, quantized in groups of 32 as the Q4_1 / Q8_0 GGUF
     import leaves SmolLM2 (the few-row GEMM then never applies)."""
@@ -270,11 +279,7 @@ def main() -> None:
         row[f"batch_{rows}"] = batch_step_ms(model, cfg["vocab_size"], rows, 16 if a.tiny else 128, n)
     row["op_build_us"] = op_build_us(cfg, model.model.norm.weight.dtype, 200 if a.tiny else 20000)
     row["seconds"] = round(time.perf_counter() - t0, 1)
-    line = json.dumps(row)
-    print(line, flush=True)
-    if a.out:
-        with a.out.open("a") as f:
-            f.write(line + "\n")
+    emit(row, a.out)
 
 
 if __name__ == "__main__":

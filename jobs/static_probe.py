@@ -35,7 +35,7 @@ from harness.faults import guarded  # noqa: E402
 from harness.generation import run_generation  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from graph_env import SMOLLM2, TINY, build  # noqa: E402
+from graph_env import SMOLLM2, TINY, build, emit  # noqa: E402
 
 VERIFY_SIZES = (1, 2, 4, 8, 16)
 
@@ -155,11 +155,7 @@ def main() -> int:
         dtype = getattr(mx, row["dtype"])
         row["round_ms"] = round_costs(model, prompt, a.tokens, a.reps,
                                       drafter_dir(TINY if a.tiny else SMOLLM2, dtype, Path(tmp) / "drafter"))
-    line = json.dumps(row)
-    print(line, flush=True)
-    if a.out:
-        with a.out.open("a") as f:
-            f.write(line + "\n")
+    emit(row, a.out)
     return 0
 
 
